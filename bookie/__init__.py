@@ -1,0 +1,1 @@
+"""minipulsar bookie package."""

@@ -1,0 +1,1 @@
+"""minipulsar broker package."""

@@ -1,0 +1,1 @@
+"""minipulsar client/spark package."""

@@ -1,0 +1,1 @@
+"""minipulsar deploy package."""

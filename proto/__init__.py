@@ -1,0 +1,1 @@
+"""Protocol buffer sources and generated modules (see proto/generate.py)."""
