@@ -1,0 +1,363 @@
+"""Bookie gRPC server: the BookKeeper bookie protocol over grpc.aio.
+
+``BookieServicer`` maps the RPCs of ``proto/bookie.proto`` onto
+:class:`bookie.storage.LedgerStorage`; ``BookieServer`` owns the grpc.aio
+server and the storage. Bad input never kills a stream or the server: adds
+get a per-add ``AddStatus``, the other RPCs a specific gRPC status code with a
+message saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from bookie import storage as st
+from proto import bookie_pb2, bookie_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass
+class BookieConfig:
+    """Configuration of one bookie process (BookKeeper's bk_server.conf, snake_case).
+
+    port: TCP port to listen on (0 = pick a free one; BookKeeper's default is 3181).
+    data_dir: directory holding the ledger database (created if missing).
+    journal_sync: fsync each group commit before acknowledging adds (default True).
+    max_entry_size_bytes: largest accepted entry payload in bytes (default 5 MiB).
+    host: interface to bind (default loopback).
+    max_inflight_requests_per_stream: AddEntry request messages (count) one
+        stream may have awaiting commit before the bookie stops reading it.
+    max_inflight_bytes_per_stream: same limit in payload bytes (a single larger
+        message is still accepted when nothing else is in flight).
+    """
+
+    port: int = 3181
+    data_dir: str = "data/bookie"
+    journal_sync: bool = True
+    max_entry_size_bytes: int = 5 * 1024 * 1024
+    host: str = "127.0.0.1"
+    max_inflight_requests_per_stream: int = 256
+    max_inflight_bytes_per_stream: int = 64 * 1024 * 1024
+
+    @classmethod
+    def from_toml(cls, path: str, **overrides: Any) -> "BookieConfig":
+        """Load from a TOML file of top-level ``key = value`` pairs named like the fields.
+
+        ``overrides`` (non-None values) win over the file. Raises ``ValueError``
+        for unknown keys, ``OSError``/``tomllib.TOMLDecodeError`` for bad files.
+        """
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        data = data.get("bookie", data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown bookie config keys: {sorted(unknown)}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)
+
+
+class BookieServicer(bookie_pb2_grpc.BookieServicer):
+    """grpc.aio servicer of the Bookie service (BookKeeper's BookieRequestProcessor).
+
+    AddEntry: each request message gets exactly one response message with one
+    result per add, sent once the group commit holding its adds is done.
+    Responses go out in completion order (normally the request order), so a
+    client must match results by (ledger_id, entry_id).
+    """
+
+    def __init__(self, storage: st.LedgerStorage, config: BookieConfig) -> None:
+        self._storage = storage
+        self._config = config
+        self._pumps: set[asyncio.Task] = set()
+        self._stopping = False
+
+    def close_streams(self) -> None:
+        """Shutdown step: stop reading every AddEntry stream; each one ends (status OK)
+        after the responses of the adds already read are sent. New streams get UNAVAILABLE."""
+        self._stopping = True
+        for pump in list(self._pumps):
+            pump.cancel()
+
+    # ------------------------------------------------------------------ AddEntry
+
+    async def AddEntry(self, request_iterator, context):
+        out: asyncio.Queue = asyncio.Queue()
+        window = _Window(self._config.max_inflight_requests_per_stream, self._config.max_inflight_bytes_per_stream)
+        if self._stopping:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "bookie is shutting down")
+        reader = asyncio.create_task(self._pump_adds(request_iterator, window, out))
+        self._pumps.add(reader)
+        reader.add_done_callback(self._pumps.discard)
+        log.debug("AddEntry stream from %s opened", context.peer())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                resp, nbytes = item
+                window.release(nbytes)
+                yield resp
+        finally:
+            reader.cancel()
+        exc = reader.exception() if reader.done() and not reader.cancelled() else None
+        if exc is not None:
+            log.info("AddEntry stream from %s ended: %r", context.peer(), exc)
+        else:
+            log.debug("AddEntry stream from %s closed", context.peer())
+
+    async def _pump_adds(self, request_iterator, window: "_Window", out: asyncio.Queue) -> None:
+        """Read request messages while the window has room; queue each response once committed.
+
+        Cancelled (shutdown or client gone): stops reading, still waits for the
+        adds already submitted, then ends the response stream.
+        """
+        outstanding: set[asyncio.Future] = set()
+        try:
+            async for req in request_iterator:
+                adds = req.adds
+                ops, index, pre_errors, nbytes = self._validate(adds)
+                await window.acquire(nbytes)
+                if not ops:
+                    out.put_nowait((_response(adds, pre_errors, None, None), nbytes))
+                    continue
+                fut = self._storage.add_entries(ops)
+                outstanding.add(fut)
+
+                def done(f, adds=adds, pre_errors=pre_errors, index=index, nbytes=nbytes):
+                    outstanding.discard(f)
+                    out.put_nowait((_response(adds, pre_errors, index, f.result()), nbytes))
+
+                fut.add_done_callback(done)
+        finally:
+            if outstanding:
+                await asyncio.wait(list(outstanding))
+            out.put_nowait(None)
+
+    def _validate(self, adds):
+        """Stateless checks. Returns (ops, index, pre_errors, nbytes).
+
+        ops: storage tuples for the valid adds; index: position in ``adds`` of
+        each op (None when all are valid); pre_errors: {position: (status, msg)};
+        nbytes: payload bytes of the valid adds.
+        """
+        max_size = self._config.max_entry_size_bytes
+        nbytes = 0
+        ops = []
+        pre_errors: dict[int, tuple[int, str]] = {}
+        for i, a in enumerate(adds):
+            ledger_id = a.ledger_id
+            entry_id = a.entry_id
+            key = a.master_key
+            payload = a.payload
+            lac = a.last_add_confirmed
+            if ledger_id < 0 or entry_id < 0:
+                pre_errors[i] = (
+                    bookie_pb2.E_INVALID_REQUEST,
+                    f"ledger_id and entry_id must be >= 0 (got {ledger_id}:{entry_id})",
+                )
+            elif not key:
+                pre_errors[i] = (bookie_pb2.E_INVALID_REQUEST, f"entry {ledger_id}:{entry_id}: empty master_key")
+            elif lac < -1:
+                pre_errors[i] = (
+                    bookie_pb2.E_INVALID_REQUEST,
+                    f"entry {ledger_id}:{entry_id}: last_add_confirmed must be >= -1 (got {lac})",
+                )
+            elif len(payload) > max_size:
+                pre_errors[i] = (
+                    bookie_pb2.E_ENTRY_TOO_LARGE,
+                    f"entry {ledger_id}:{entry_id}: payload of {len(payload)} bytes exceeds "
+                    f"max_entry_size_bytes={max_size}",
+                )
+            else:
+                ops.append((ledger_id, entry_id, key, payload, lac, a.recovery))
+                nbytes += len(payload)
+        index = [i for i in range(len(adds)) if i not in pre_errors] if pre_errors else None
+        return ops, index, pre_errors, nbytes
+
+    # ------------------------------------------------------------------ reads
+
+    async def ReadEntries(self, request, context):
+        ledger_id, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
+        if ledger_id < 0 or first < 0 or last < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"ledger_id and entry ids must be >= 0 (got ledger {ledger_id}, {first}..{last})")
+        if first > last:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"first_entry_id {first} > last_entry_id {last}")
+        try:
+            await self._storage.check_range(ledger_id, first, last)
+            async for chunk in self._storage.read_entries(ledger_id, first, last, READ_CHUNK_BYTES):
+                yield bookie_pb2.ReadEntriesResponse(
+                    entries=[bookie_pb2.Entry(ledger_id=ledger_id, entry_id=e, payload=p) for e, p in chunk]
+                )
+        except st.StorageError as exc:
+            await _abort_storage(context, exc)
+
+    async def ReadLastAddConfirmed(self, request, context):
+        if request.ledger_id < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"ledger_id must be >= 0 (got {request.ledger_id})")
+        try:
+            lac, last = await self._storage.read_lac(request.ledger_id)
+        except st.StorageError as exc:
+            await _abort_storage(context, exc)
+        return bookie_pb2.ReadLastAddConfirmedResponse(last_add_confirmed=lac, last_entry_id=last)
+
+    # ------------------------------------------------------------------ fence / delete
+
+    async def Fence(self, request, context):
+        if request.ledger_id < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"ledger_id must be >= 0 (got {request.ledger_id})")
+        if not request.master_key:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Fence needs a non-empty master_key")
+        try:
+            lac, last = await self._storage.fence(request.ledger_id, request.master_key)
+        except st.StorageError as exc:
+            await _abort_storage(context, exc)
+        log.info("fenced ledger %d (lac=%d, last_entry_id=%d)", request.ledger_id, lac, last)
+        return bookie_pb2.FenceResponse(last_add_confirmed=lac, last_entry_id=last)
+
+    async def DeleteLedger(self, request, context):
+        if request.ledger_id < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"ledger_id must be >= 0 (got {request.ledger_id})")
+        try:
+            existed = await self._storage.delete_ledger(request.ledger_id)
+        except st.StorageError as exc:
+            await _abort_storage(context, exc)
+        if existed:
+            log.info("deleted ledger %d", request.ledger_id)
+        return bookie_pb2.DeleteLedgerResponse()
+
+
+class _Window:
+    """Per-stream back-pressure: at most ``max_count`` requests / ``max_bytes`` payload bytes in flight."""
+
+    def __init__(self, max_count: int, max_bytes: int) -> None:
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.count = self.bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def acquire(self, nbytes: int) -> None:
+        while self.count and (self.count >= self.max_count or self.bytes + nbytes > self.max_bytes):
+            self._room.clear()
+            await self._room.wait()
+        self.count += 1
+        self.bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.count -= 1
+        self.bytes -= nbytes
+        self._room.set()
+
+
+def _response(adds, pre_errors, index, errors) -> bookie_pb2.AddEntriesResponse:
+    """One AddEntriesResponse for one request: a result per add, in request order."""
+    resp = bookie_pb2.AddEntriesResponse()
+    results = resp.results
+    if errors and index is not None:
+        errors = {index[i]: e for i, e in errors.items()}
+    if pre_errors:
+        errors = {**(errors or {}), **pre_errors}
+    if not errors:
+        for a in adds:
+            results.add(ledger_id=a.ledger_id, entry_id=a.entry_id)
+    else:
+        for i, a in enumerate(adds):
+            err = errors.get(i)
+            if err is None:
+                results.add(ledger_id=a.ledger_id, entry_id=a.entry_id)
+            else:
+                results.add(ledger_id=a.ledger_id, entry_id=a.entry_id, status=err[0], message=err[1])
+    return resp
+
+
+_STORAGE_STATUS = [
+    (st.LedgerNotFound, grpc.StatusCode.NOT_FOUND),
+    (st.EntriesNotStored, grpc.StatusCode.OUT_OF_RANGE),
+    (st.UnauthorizedAccess, grpc.StatusCode.PERMISSION_DENIED),
+    (st.StorageClosed, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+async def _abort(context, code: grpc.StatusCode, message: str):
+    await context.abort(code, message)
+
+
+async def _abort_storage(context, exc: st.StorageError):
+    for cls, code in _STORAGE_STATUS:
+        if isinstance(exc, cls):
+            await context.abort(code, str(exc))
+    log.error("storage failure: %s", exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"bookie storage error: {exc}")
+
+
+class BookieServer:
+    """A bookie: LedgerStorage in ``config.data_dir`` served over gRPC.
+
+    ``await start()`` opens the storage and binds ``config.host:config.port``
+    (``.port`` then holds the bound port); ``await stop(grace_s)`` stops
+    accepting RPCs, ends the AddEntry streams once the adds already read are
+    answered, lets other RPCs finish for up to ``grace_s`` seconds, then
+    commits what is queued and closes the database. Raises ``RuntimeError``
+    if the port cannot be bound.
+    """
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self.storage = st.LedgerStorage(config.data_dir, journal_sync=config.journal_sync)
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._servicer: BookieServicer | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the server listens on (after start)."""
+        return f"{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.storage.open()
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        self._servicer = BookieServicer(self.storage, self.config)
+        bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
+        target = f"{self.config.host}:{self.config.port}"
+        try:
+            port = server.add_insecure_port(target)
+        except RuntimeError as exc:
+            await self.storage.close()
+            raise RuntimeError(f"cannot bind bookie to {target}: {exc}") from exc
+        await server.start()
+        self._server, self.port = server, port
+        log.info("bookie listening on %s (data_dir=%s, journal_sync=%s)",
+                 self.address, self.config.data_dir, self.config.journal_sync)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._server is not None:
+            self._servicer.close_streams()
+            await self._server.stop(grace_s)
+            self._server = None
+        await self.storage.close()
+        log.info("bookie on port %s stopped", self.port)
+
+    async def wait_for_termination(self) -> None:
+        """Block until the gRPC server terminates."""
+        if self._server is not None:
+            await self._server.wait_for_termination()

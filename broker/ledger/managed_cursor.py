@@ -1,0 +1,536 @@
+"""ManagedCursor: a subscription's position in a managed ledger.
+
+Follows Pulsar's ``ManagedCursorImpl``:
+
+* ``mark_delete_position``: every entry at or before it is acknowledged.
+* ``individual_deleted`` (individualDeletedMessages): entries acknowledged
+  above the mark-delete position, an ``AckRangeSet`` of roaring bitmaps.
+* ``batch_deleted`` (batchDeletedIndexes): acknowledged indexes of batch entries.
+* ``read_position``: the next entry a dispatcher reads.
+* Persistence: PositionInfo entries in a *cursor ledger*; the metadata store keeps
+  ``ManagedCursorInfo`` (cursorsLedgerId, mark-delete snapshot, lastActive,
+  properties) at ``/managed-ledgers/<ml>/<cursor>``. Recovery reads the info,
+  then the last PositionInfo of the cursor ledger.
+* When the hole state does not fit one entry, it is written as SEGMENT entries
+  followed by an INDEX entry naming them; only ledgers whose holes changed are
+  rewritten (PIP-81). Recovery reads backwards to the last complete INDEX/FULL.
+
+Persists are group-committed: changes made while one persist is in flight go
+out together in the next. ``delete``/``mark_delete`` return once the new state
+is durable.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from bookie.client import LedgerHandle
+from bookie.errors import BKException
+from proto import metadata_pb2
+
+from .batch_index import BatchDeletedIndexes
+from .position import Entry, Position
+from .range_set import AckRangeSet
+
+if TYPE_CHECKING:
+    from .managed_ledger import ManagedLedger
+
+log = logging.getLogger(__name__)
+
+PositionInfo = metadata_pb2.PositionInfo
+# Room left in a cursor-ledger entry for the non-hole fields of a PositionInfo.
+ENTRY_MARGIN_BYTES = 64 * 1024
+
+
+class ManagedCursorError(Exception):
+    """Base of cursor errors (ManagedLedgerException for cursors)."""
+
+
+class InvalidMarkDeletePosition(ManagedCursorError):
+    """A position beyond the last confirmed entry of the managed ledger."""
+
+
+class ManagedCursor:
+    """A durable (persisted) or non-durable (in-memory, Reader) cursor."""
+
+    def __init__(self, ml: "ManagedLedger", name: str, durable: bool):
+        self.ml = ml
+        self.name = name
+        self.durable = durable
+        self.mark_delete_position: Position = Position(-1, -1)
+        self.read_position: Position = Position(-1, -1)
+        self.individual_deleted = AckRangeSet()
+        self.batch_deleted = BatchDeletedIndexes()
+        self.properties: dict[str, int] = {}         # LongProperty, persisted with mark-delete
+        self.cursor_properties: dict[str, str] = {}  # StringProperty, persisted in ManagedCursorInfo
+        self.last_active = int(time.time() * 1000)
+        self._info_version: Optional[int] = None
+        self._cursor_ledger: Optional[LedgerHandle] = None
+        self._segment_refs: dict[int, int] = {}      # data ledger -> cursor-ledger entry holding its ack set
+        self._force_full = True
+        self._dirty = False
+        self._persist_waiters: list[asyncio.Future] = []
+        self._persist_task: Optional[asyncio.Task] = None
+        self._closed = False
+        self.last_persist_bytes = 0
+
+    # ---- construction ---------------------------------------------------
+    @property
+    def path(self) -> str:
+        from .managed_ledger import ml_path
+
+        return f"{ml_path(self.ml.name)}/{self.name}"
+
+    @classmethod
+    def non_durable(cls, ml: "ManagedLedger", start: Position, name: str, inclusive: bool = True) -> "ManagedCursor":
+        """An in-memory cursor reading from ``start`` (inclusive or not)."""
+        cursor = cls(ml, name, durable=False)
+        if start.ledger_id < 0:
+            first = ml.first_position()
+            cursor.mark_delete_position = Position(first.ledger_id, first.entry_id - 1)
+        elif start >= Position(2**63 - 1, 0):
+            cursor.mark_delete_position = ml.last_confirmed
+        else:
+            cursor.mark_delete_position = start if not inclusive else Position(start.ledger_id, start.entry_id - 1)
+        cursor.read_position = ml.next_position(cursor.mark_delete_position)
+        return cursor
+
+    @classmethod
+    async def open_or_create(cls, ml: "ManagedLedger", name: str, initial_position: str = "latest",
+                             properties: Optional[dict[str, int]] = None) -> "ManagedCursor":
+        """Recover cursor ``name`` if it exists, else create it at ``initial_position``
+        ("latest": after the last confirmed entry; "earliest": before the first)."""
+        cursor = cls(ml, name, durable=True)
+        if await ml.metadata.exists(cursor.path):
+            return await cls.recover(ml, name)
+        if initial_position == "earliest":
+            first = ml.first_position()
+            cursor.mark_delete_position = Position(first.ledger_id, first.entry_id - 1)
+        elif initial_position == "latest":
+            cursor.mark_delete_position = ml.last_confirmed
+        else:
+            raise ValueError(f"initial_position must be 'latest' or 'earliest', got {initial_position!r}")
+        cursor.properties = dict(properties or {})
+        cursor.read_position = ml.next_position(cursor.mark_delete_position)
+        await cursor._write_info(create=True)
+        log.info("[%s] cursor %s created at %s", ml.name, name, cursor.mark_delete_position)
+        return cursor
+
+    @classmethod
+    async def recover(cls, ml: "ManagedLedger", name: str) -> "ManagedCursor":
+        """Rebuild a durable cursor from ManagedCursorInfo and its cursor ledger
+        (Pulsar's ManagedCursorImpl.recover / recoverFromLedger)."""
+        cursor = cls(ml, name, durable=True)
+        res = await ml.metadata.get(cursor.path)
+        if res is None:
+            raise ManagedCursorError(f"cursor {name} of {ml.name} has no metadata")
+        info = metadata_pb2.ManagedCursorInfo()
+        info.ParseFromString(res.value)
+        cursor._info_version = res.version
+        cursor.cursor_properties = {p.name: p.value for p in info.cursorProperties}
+        cursor.last_active = info.lastActive
+        cursor.mark_delete_position = Position(info.markDeleteLedgerId, info.markDeleteEntryId)
+        cursor.properties = {p.name: p.value for p in info.properties}
+        for r in info.individualDeletedMessages:
+            lo, hi = r.lowerEndpoint, r.upperEndpoint
+            cursor.individual_deleted.add_range(hi.ledgerId, lo.entryId + 1, hi.entryId)
+        if info.batchedEntryDeletionIndexInfo:
+            cursor.batch_deleted = BatchDeletedIndexes.from_protos(info.batchedEntryDeletionIndexInfo)
+        old_ledger_id = info.cursorsLedgerId
+        if old_ledger_id >= 0:
+            await cursor._recover_from_ledger(old_ledger_id)
+        cursor.individual_deleted.clear_dirty()
+        cursor.read_position = ml.next_position(cursor.mark_delete_position)
+        # As Pulsar does, continue on a fresh cursor ledger holding the recovered state.
+        await cursor._switch_cursor_ledger()
+        if old_ledger_id >= 0:
+            await ml.bk.delete_ledger(old_ledger_id)
+        log.info("[%s] cursor %s recovered: mark-delete %s, %d acked holes, %d batch entries", ml.name, name,
+                 cursor.mark_delete_position, cursor.individual_deleted.size(), len(cursor.batch_deleted))
+        return cursor
+
+    async def _recover_from_ledger(self, ledger_id: int) -> None:
+        bk = self.ml.bk
+        try:
+            handle = await bk.open_ledger(ledger_id, recovery=True)
+        except BKException as exc:
+            log.warning("[%s] cursor %s: cursor ledger %d unreadable (%s); using the metadata snapshot",
+                        self.ml.name, self.name, ledger_id, exc)
+            return
+        entry_id = handle.last_add_confirmed
+        cache: dict[int, PositionInfo] = {}
+
+        async def read(e: int) -> PositionInfo:
+            if e not in cache:
+                pi = PositionInfo()
+                pi.ParseFromString((await handle.read_entries(e, e))[0])
+                cache[e] = pi
+            return cache[e]
+
+        while entry_id >= 0:
+            pi = await read(entry_id)
+            if pi.kind in (PositionInfo.FULL, PositionInfo.INDEX):
+                break
+            entry_id -= 1  # an interrupted segmented write: look further back
+        else:
+            return
+        self.mark_delete_position = Position(pi.ledgerId, pi.entryId)
+        self.properties = {p.name: p.value for p in pi.properties}
+        self.individual_deleted.clear()
+        self.batch_deleted = BatchDeletedIndexes.from_protos(pi.batchedEntryDeletionIndexInfo)
+        if pi.kind == PositionInfo.FULL:
+            for s in pi.ackSets:
+                self.individual_deleted.load_ledger(s.ledgerId, s.ackedEntries)
+        else:
+            for ref in pi.segmentRefs:
+                seg = await read(ref.cursorLedgerEntryId)
+                for s in seg.ackSets:
+                    if s.ledgerId == ref.ledgerId:
+                        self.individual_deleted.load_ledger(s.ledgerId, s.ackedEntries)
+
+    # ---- reading --------------------------------------------------------
+    def is_acknowledged(self, pos: Position) -> bool:
+        return pos <= self.mark_delete_position or self.individual_deleted.contains(pos.ledger_id, pos.entry_id)
+
+    def _skip_acked(self, pos: Position) -> Position:
+        if pos <= self.mark_delete_position:
+            pos = self.ml.next_position(self.mark_delete_position)
+        while pos.entry_id >= 0 and self.individual_deleted.contains(pos.ledger_id, pos.entry_id):
+            end = self.individual_deleted.contiguous_end(pos.ledger_id, pos.entry_id)
+            pos = self.ml.next_position(Position(pos.ledger_id, end))
+        return pos
+
+    def has_more_entries(self) -> bool:
+        """True when an unacknowledged entry is confirmed at or after the read position."""
+        self.read_position = self._skip_acked(self.read_position)
+        return self.read_position <= self.ml.last_confirmed
+
+    async def read_entries(self, max_count: int, max_bytes: int = 5 * 1024 * 1024) -> list[Entry]:
+        """Up to ``max_count`` unacknowledged entries from the read position on (may
+        cross ledgers), advancing the read position past them. [] when none yet."""
+        out: list[Entry] = []
+        size = 0
+        while len(out) < max_count and size < max_bytes:
+            pos = self._skip_acked(self.read_position)
+            self.read_position = pos
+            if pos > self.ml.last_confirmed:
+                break
+            entries = await self.ml.read_entries(pos, max_count - len(out), max_bytes - size)
+            if not entries:
+                # pos is past the end of its ledger: continue in the next one.
+                nxt = self.ml._next_ledger_start(pos)
+                if nxt is None or nxt <= pos:
+                    break
+                self.read_position = nxt
+                continue
+            for entry in entries:
+                if not self.is_acknowledged(entry.position):
+                    out.append(entry)
+                    size += len(entry.data)
+            self.read_position = self.ml.next_position(entries[-1].position)
+        return out
+
+    async def read_entries_or_wait(self, max_count: int, max_bytes: int = 5 * 1024 * 1024,
+                                   timeout: Optional[float] = None) -> list[Entry]:
+        """Like ``read_entries`` but waits (up to ``timeout`` seconds) for new entries."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            entries = await self.read_entries(max_count, max_bytes)
+            if entries or self._closed:
+                return entries
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return []
+            if not await self.ml.wait_for_position(self.read_position, remaining):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return []
+                if self.ml._closed:
+                    return []
+
+    def rewind(self) -> None:
+        """Move the read position back to the first unacknowledged entry (redelivery)."""
+        self.read_position = self.ml.next_position(self.mark_delete_position)
+
+    def seek(self, position: Position) -> None:
+        """Move only the read position (acks unchanged)."""
+        self.read_position = position
+
+    # ---- acknowledgments ------------------------------------------------
+    def delete_nowait(self, positions: Iterable[Position]) -> asyncio.Future:
+        """Acknowledge individual positions; returns a future done when durable.
+        Positions at or below the mark-delete position are ignored; positions beyond
+        the last confirmed entry raise InvalidMarkDeletePosition."""
+        last = self.ml.last_confirmed
+        changed = False
+        for pos in positions:
+            pos = Position(*pos)
+            if pos > last:
+                raise InvalidMarkDeletePosition(f"cannot acknowledge {pos}: beyond last entry {last} of {self.ml.name}")
+            if pos <= self.mark_delete_position:
+                continue
+            if self.individual_deleted.add(pos.ledger_id, pos.entry_id):
+                changed = True
+            self.batch_deleted.remove(pos)
+        if changed:
+            self._advance_mark_delete()
+        return self._schedule_persist() if changed else self._done()
+
+    async def delete(self, positions: Iterable[Position]) -> None:
+        """Acknowledge individual positions and wait until durable."""
+        await self.delete_nowait(positions)
+
+    def delete_batch_index_nowait(self, position: Position, batch_size: int, indexes: Iterable[int]) -> asyncio.Future:
+        """Acknowledge some messages of a batch entry (batch-index ack); the entry
+        itself counts as acknowledged once all its indexes are."""
+        position = Position(*position)
+        if self.is_acknowledged(position):
+            return self._done()
+        if self.batch_deleted.ack(position, batch_size, indexes):
+            return self.delete_nowait([position])
+        return self._schedule_persist()
+
+    def mark_delete_nowait(self, position: Position, properties: Optional[dict[str, int]] = None) -> asyncio.Future:
+        """Cumulative acknowledgment up to and including ``position``."""
+        position = Position(*position)
+        if position > self.ml.last_confirmed:
+            raise InvalidMarkDeletePosition(
+                f"cannot mark-delete {position}: beyond last entry {self.ml.last_confirmed} of {self.ml.name}")
+        if properties is not None:
+            self.properties = dict(properties)
+        if position <= self.mark_delete_position:
+            return self._schedule_persist() if properties is not None else self._done()
+        self.mark_delete_position = position
+        self.individual_deleted.remove_up_to(position.ledger_id, position.entry_id)
+        self.batch_deleted.remove_up_to(position)
+        self._advance_mark_delete()
+        if self.durable:
+            self.ml.schedule_trim()
+        return self._schedule_persist()
+
+    async def mark_delete(self, position: Position, properties: Optional[dict[str, int]] = None) -> None:
+        await self.mark_delete_nowait(position, properties)
+
+    def _advance_mark_delete(self) -> None:
+        md = self.mark_delete_position
+        nxt = self.ml.next_position(md)
+        moved = False
+        while nxt.entry_id >= 0 and self.individual_deleted.contains(nxt.ledger_id, nxt.entry_id):
+            end = self.individual_deleted.contiguous_end(nxt.ledger_id, nxt.entry_id)
+            md = Position(nxt.ledger_id, end)
+            moved = True
+            nxt = self.ml.next_position(md)
+        if moved:
+            self.mark_delete_position = md
+            self.individual_deleted.remove_up_to(md.ledger_id, md.entry_id)
+            self.batch_deleted.remove_up_to(md)
+        if self.read_position <= self.mark_delete_position:
+            self.read_position = self.ml.next_position(self.mark_delete_position)
+        if moved and self.durable:
+            self.ml.schedule_trim()
+
+    def reset(self, position: Position) -> asyncio.Future:
+        """Reset the cursor so ``position`` is the next entry delivered, forgetting
+        acknowledgments (Pulsar's resetCursor, used by seek and reset-cursor)."""
+        position = Position(*position)
+        self.mark_delete_position = Position(position.ledger_id, position.entry_id - 1)
+        self.individual_deleted.clear()
+        self.batch_deleted.clear()
+        self._force_full = True
+        self.read_position = position
+        return self._schedule_persist()
+
+    # ---- figures --------------------------------------------------------
+    def number_of_entries_in_backlog(self) -> int:
+        """Entries after the mark-delete position not individually acknowledged."""
+        total = self.ml.count_entries_between(self.mark_delete_position, self.ml.last_confirmed)
+        return max(0, total - self.individual_deleted.size())
+
+    # ---- persistence ----------------------------------------------------
+    def _done(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def _schedule_persist(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        if not self.durable:
+            fut.set_result(None)
+            return fut
+        self._dirty = True
+        self._persist_waiters.append(fut)
+        if self._persist_task is None:
+            self._persist_task = asyncio.create_task(self._persist_loop())
+        return fut
+
+    async def flush(self) -> None:
+        """Wait until every change so far is durable."""
+        if self.durable and (self._dirty or self._persist_task is not None):
+            await self._schedule_persist()
+
+    async def _persist_loop(self) -> None:
+        try:
+            while self._dirty:
+                self._dirty = False
+                waiters, self._persist_waiters = self._persist_waiters, []
+                try:
+                    await self._persist_once()
+                except Exception as exc:
+                    log.error("[%s] cursor %s: persisting failed: %s", self.ml.name, self.name, exc)
+                    self._force_full = True
+                    for w in waiters:
+                        if not w.done():
+                            w.set_exception(ManagedCursorError(f"cursor {self.name} persist failed: {exc}"))
+                    continue
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
+        finally:
+            self._persist_task = None
+
+    def _limit(self) -> int:
+        return self.ml.config.max_entry_size_bytes - ENTRY_MARGIN_BYTES
+
+    def _base_info(self, kind: int) -> PositionInfo:
+        pi = PositionInfo(ledgerId=self.mark_delete_position.ledger_id, entryId=self.mark_delete_position.entry_id,
+                          kind=kind)
+        for k, v in sorted(self.properties.items()):
+            pi.properties.add(name=k, value=v)
+        pi.batchedEntryDeletionIndexInfo.extend(self.batch_deleted.to_protos())
+        return pi
+
+    async def _persist_once(self) -> None:
+        if self._cursor_ledger is None or \
+                self._cursor_ledger.last_add_pushed + 1 >= self.ml.config.managed_ledger_cursor_max_entries_per_ledger:
+            await self._switch_cursor_ledger()
+            return
+        await self._write_state(self._cursor_ledger, full_rewrite=self._force_full)
+
+    async def _write_state(self, handle: LedgerHandle, full_rewrite: bool) -> None:
+        """Write the current state to ``handle``: one FULL entry when it fits, else
+        SEGMENT entries (dirty ledgers only unless ``full_rewrite``) plus an INDEX."""
+        dirty = self.individual_deleted.dirty_ledgers()
+        self.individual_deleted.clear_dirty()
+        try:
+            full = self._base_info(PositionInfo.FULL)
+            for lid in self.individual_deleted.ledger_ids():
+                full.ackSets.add(ledgerId=lid, ackedEntries=self.individual_deleted.serialize_ledger(lid))
+            data = full.SerializeToString()
+            if len(data) <= self._limit():
+                await handle.add_entry(data)
+                self._segment_refs = {}
+                self.last_persist_bytes = len(data)
+                self._force_full = False
+                return
+            # PIP-81: segments for the changed ledgers, then an index naming all.
+            live = set(self.individual_deleted.ledger_ids())
+            to_write = sorted(live if (full_rewrite or not self._segment_refs) else (dirty & live))
+            refs = {lid: e for lid, e in self._segment_refs.items() if lid in live}
+            written = 0
+            seg = PositionInfo(kind=PositionInfo.SEGMENT)
+            seg_size = 0
+            pending_ids: list[int] = []
+
+            async def flush_segment():
+                nonlocal seg, seg_size, pending_ids, written
+                if not pending_ids:
+                    return
+                payload = seg.SerializeToString()
+                entry_id = await handle.add_entry(payload)
+                written += len(payload)
+                for lid in pending_ids:
+                    refs[lid] = entry_id
+                seg, seg_size, pending_ids = PositionInfo(kind=PositionInfo.SEGMENT), 0, []
+
+            for lid in to_write:
+                blob = self.individual_deleted.serialize_ledger(lid)
+                if seg_size + len(blob) + 32 > self._limit():
+                    await flush_segment()
+                seg.ackSets.add(ledgerId=lid, ackedEntries=blob)
+                seg_size += len(blob) + 32
+                pending_ids.append(lid)
+            await flush_segment()
+            index = self._base_info(PositionInfo.INDEX)
+            for lid in sorted(refs):
+                index.segmentRefs.add(ledgerId=lid, cursorLedgerEntryId=refs[lid])
+            payload = index.SerializeToString()
+            await handle.add_entry(payload)
+            self._segment_refs = refs
+            self.last_persist_bytes = written + len(payload)
+            self._force_full = False
+        except BaseException:
+            self._force_full = True
+            raise
+
+    async def _switch_cursor_ledger(self) -> None:
+        """Create a new cursor ledger, write the whole state there, point the
+        ManagedCursorInfo at it and drop the previous cursor ledger."""
+        c = self.ml.config
+        handle = await self.ml.bk.create_ledger(c.managed_ledger_default_ensemble_size,
+                                                c.managed_ledger_default_write_quorum,
+                                                c.managed_ledger_default_ack_quorum)
+        self._segment_refs = {}
+        await self._write_state(handle, full_rewrite=True)
+        old = self._cursor_ledger
+        self._cursor_ledger = handle
+        await self._write_info()
+        if old is not None:
+            try:
+                await old.close()
+            except BKException:
+                pass
+            await self.ml.bk.delete_ledger(old.ledger_id)
+
+    async def _write_info(self, create: bool = False) -> None:
+        info = metadata_pb2.ManagedCursorInfo(
+            cursorsLedgerId=self._cursor_ledger.ledger_id if self._cursor_ledger is not None else -1,
+            markDeleteLedgerId=self.mark_delete_position.ledger_id,
+            markDeleteEntryId=self.mark_delete_position.entry_id,
+            lastActive=self.last_active)
+        for k, v in sorted(self.properties.items()):
+            info.properties.add(name=k, value=v)
+        for k, v in sorted(self.cursor_properties.items()):
+            info.cursorProperties.add(name=k, value=v)
+        self._info_version = await self.ml.metadata.put(
+            self.path, info.SerializeToString(),
+            expected_version=-1 if create else self._info_version)
+
+    async def set_cursor_properties(self, props: dict[str, str]) -> None:
+        """Replace the cursor's string properties (e.g. Pulsar's replicated flag) durably."""
+        self.cursor_properties = dict(props)
+        await self._write_info()
+
+    async def close(self) -> None:
+        """Flush pending persists and close the cursor ledger (state stays recoverable)."""
+        if self._closed:
+            return
+        if self.durable:
+            try:
+                await self.flush()
+            except ManagedCursorError as exc:
+                log.warning("[%s] cursor %s: final persist failed: %s", self.ml.name, self.name, exc)
+            self.last_active = int(time.time() * 1000)
+            if self._cursor_ledger is not None:
+                try:
+                    await self._cursor_ledger.close()
+                except BKException as exc:
+                    log.warning("[%s] cursor %s: closing cursor ledger: %s", self.ml.name, self.name, exc)
+                try:
+                    await self._write_info()
+                except Exception as exc:
+                    log.warning("[%s] cursor %s: writing cursor info: %s", self.ml.name, self.name, exc)
+        self._closed = True
+
+    async def remove(self) -> None:
+        """Remove the cursor's ledger and metadata (unsubscribe; ManagedLedger.deleteCursor)."""
+        self._closed = True
+        if self._persist_task is not None:
+            await asyncio.gather(self._persist_task, return_exceptions=True)
+        if self._cursor_ledger is not None:
+            await self.ml.bk.delete_ledger(self._cursor_ledger.ledger_id)
+        if self.durable:
+            try:
+                await self.ml.metadata.delete(self.path)
+            except Exception:
+                pass

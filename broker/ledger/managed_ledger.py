@@ -1,0 +1,604 @@
+"""ManagedLedger: one topic's log as an ordered list of BookKeeper ledgers.
+
+Follows Pulsar's ``ManagedLedgerImpl``:
+
+* The list of ledgers (``ManagedLedgerInfo``: id, entries, size, timestamp per
+  ledger) lives in the metadata store at ``/managed-ledgers/<name>``; cursors are
+  its children ``/managed-ledgers/<name>/<cursor>``.
+* ``add_entry`` appends to the current ledger; when it is full
+  (``currentLedgerIsFull``: entries >= managed_ledger_max_entries_per_ledger or
+  size >= managed_ledger_max_size_per_ledger_mb, once at least
+  managed_ledger_min_ledger_rollover_time_minutes passed; or older than
+  managed_ledger_max_ledger_rollover_time_minutes) the ledger is closed and a new
+  one created (rollover). Adds issued meanwhile queue and keep their order.
+* On open after a restart the last ledger is recovered (fenced and closed at its
+  last readable entry) and a new ledger is created for writes.
+* Recently added entries stay in an entry cache (bounded in bytes) for tailing
+  reads; ledgers every durable cursor has consumed are trimmed.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Optional
+
+from bookie.client import BookKeeper, LedgerHandle
+from bookie.errors import BKException, LedgerFencedError
+from proto import metadata_pb2
+
+from .entry_cache import EntryCache, EntryCacheManager
+from .position import Entry, Position
+
+log = logging.getLogger(__name__)
+
+
+class ManagedLedgerError(Exception):
+    """Base of managed-ledger errors (ManagedLedgerException)."""
+
+
+class ManagedLedgerFencedError(ManagedLedgerError):
+    """Another broker took the ledger over (its ledger was fenced); this instance is unusable."""
+
+
+class ManagedLedgerClosedError(ManagedLedgerError):
+    """Operation on a closed managed ledger."""
+
+
+class InvalidPositionError(ManagedLedgerError):
+    """A position outside the managed ledger's ledgers."""
+
+
+@dataclasses.dataclass
+class ManagedLedgerConfig:
+    """Managed-ledger settings, named as broker.conf keys in snake_case."""
+
+    managed_ledger_max_entries_per_ledger: int = 50000
+    managed_ledger_max_size_per_ledger_mb: int = 2048
+    managed_ledger_min_ledger_rollover_time_minutes: float = 10.0
+    managed_ledger_max_ledger_rollover_time_minutes: float = 240.0
+    managed_ledger_default_ensemble_size: int = 2
+    managed_ledger_default_write_quorum: int = 2
+    managed_ledger_default_ack_quorum: int = 2
+    managed_ledger_cache_size_mb: int = 256
+    managed_ledger_cursor_max_entries_per_ledger: int = 50000
+    # Pulsar's defaultRetentionTimeInMinutes / defaultRetentionSizeInMB:
+    # consumed ledgers are kept while within either limit; -1 = keep forever.
+    default_retention_time_in_minutes: int = 0
+    default_retention_size_in_mb: int = 0
+    max_entry_size_bytes: int = 5 * 1024 * 1024
+
+
+def ml_path(name: str) -> str:
+    """Metadata path of a managed ledger; ``name`` like ``tenant/ns/persistent/topic``."""
+    return f"/managed-ledgers/{name}"
+
+
+class ManagedLedger:
+    """A topic's append-only log. Create through ``ManagedLedgerFactory.open``."""
+
+    def __init__(self, factory: "ManagedLedgerFactory", name: str):
+        self.factory = factory
+        self.name = name
+        self.config = factory.config
+        self.bk: BookKeeper = factory.bk
+        self.metadata = factory.metadata
+        self.ledgers: dict[int, metadata_pb2.ManagedLedgerInfo.LedgerInfo] = {}
+        self.properties: dict[str, str] = {}
+        self._info_version: Optional[int] = None
+        self.current: Optional[LedgerHandle] = None
+        self._current_created_ms = 0.0
+        self._current_entries = 0
+        self._current_size = 0
+        self.last_confirmed: Position = Position(-1, -1)
+        self.cursors: dict[str, "ManagedCursor"] = {}  # noqa: F821 (durable and non-durable)
+        self.cache: EntryCache = factory.cache_manager.new_cache(name)
+        self._queued: list[tuple[bytes, asyncio.Future]] = []
+        self._rollover_task: Optional[asyncio.Task] = None
+        self._read_handles: dict[int, LedgerHandle] = {}
+        self._entries_added = asyncio.Event()
+        self._closed = False
+        self._fenced: Optional[Exception] = None
+        self._info_lock = asyncio.Lock()
+        self._trim_task: Optional[asyncio.Task] = None
+        self.entries_added_total = 0
+        self.bytes_added_total = 0
+
+    # ---- open / metadata ------------------------------------------------
+    async def _open(self) -> None:
+        res = await self.metadata.get(ml_path(self.name))
+        info = metadata_pb2.ManagedLedgerInfo()
+        if res is not None:
+            info.ParseFromString(res.value)
+            self._info_version = res.version
+        for li in info.ledgerInfo:
+            self.ledgers[li.ledgerId] = li
+        self.properties = {kv.key: kv.value for kv in info.properties}
+        if self.ledgers:
+            last_id = max(self.ledgers)
+            handle = await self.bk.open_ledger(last_id, recovery=True)
+            li = self.ledgers[last_id]
+            li.entries = handle.last_add_confirmed + 1
+            li.size = handle.metadata.length if handle.metadata.length > 0 else li.size
+            if li.entries == 0:
+                del self.ledgers[last_id]
+                await self.bk.delete_ledger(last_id)
+            else:
+                self._read_handles[last_id] = handle
+        non_empty = [lid for lid, li in self.ledgers.items() if li.entries > 0]
+        if non_empty:
+            last = max(non_empty)
+            self.last_confirmed = Position(last, self.ledgers[last].entries - 1)
+        await self._create_ledger()
+        if self.last_confirmed.ledger_id == -1:
+            self.last_confirmed = Position(self.current.ledger_id, -1)
+
+    def _info(self) -> metadata_pb2.ManagedLedgerInfo:
+        info = metadata_pb2.ManagedLedgerInfo()
+        for lid in sorted(self.ledgers):
+            info.ledgerInfo.append(self.ledgers[lid])
+        for k, v in sorted(self.properties.items()):
+            info.properties.add(key=k, value=v)
+        return info
+
+    async def _store_info(self) -> None:
+        async with self._info_lock:
+            data = self._info().SerializeToString()
+            try:
+                self._info_version = await self.metadata.put(
+                    ml_path(self.name), data,
+                    expected_version=-1 if self._info_version is None else self._info_version)
+            except Exception as exc:
+                self._fence(ManagedLedgerFencedError(
+                    f"managed ledger {self.name}: metadata changed by another owner ({exc})"))
+                raise self._fenced from None
+
+    def _fence(self, exc: Exception) -> None:
+        if self._fenced is None:
+            log.error("%s", exc)
+            self._fenced = exc
+
+    async def _create_ledger(self) -> None:
+        c = self.config
+        handle = await self.bk.create_ledger(c.managed_ledger_default_ensemble_size,
+                                             c.managed_ledger_default_write_quorum,
+                                             c.managed_ledger_default_ack_quorum)
+        self.ledgers[handle.ledger_id] = metadata_pb2.ManagedLedgerInfo.LedgerInfo(
+            ledgerId=handle.ledger_id, entries=0, size=0, timestamp=int(time.time() * 1000))
+        await self._store_info()
+        self.current = handle
+        self._current_created_ms = time.monotonic() * 1000
+        self._current_entries = 0
+        self._current_size = 0
+        log.info("[%s] created ledger %d", self.name, handle.ledger_id)
+
+    # ---- writes ---------------------------------------------------------
+    def _current_is_full(self) -> bool:
+        c = self.config
+        age_min = (time.monotonic() * 1000 - self._current_created_ms) / 60000.0
+        if self._current_entries == 0:
+            return False
+        full = (self._current_entries >= c.managed_ledger_max_entries_per_ledger
+                or self._current_size >= c.managed_ledger_max_size_per_ledger_mb * 1024 * 1024)
+        if full and age_min >= c.managed_ledger_min_ledger_rollover_time_minutes:
+            return True
+        return age_min >= c.managed_ledger_max_ledger_rollover_time_minutes
+
+    def add_entry_nowait(self, data: bytes) -> asyncio.Future:
+        """Start appending ``data`` (bytes); returns a future of its Position.
+
+        Adds complete in call order. Errors (set on the future or raised):
+        ManagedLedgerClosedError, ManagedLedgerFencedError, ManagedLedgerError
+        wrapping a bookie failure (the next add uses a new ledger).
+        """
+        if self._closed:
+            raise ManagedLedgerClosedError(f"managed ledger {self.name} is closed")
+        if self._fenced is not None:
+            raise self._fenced
+        if len(data) > self.config.max_entry_size_bytes:
+            raise ManagedLedgerError(
+                f"entry of {len(data)} bytes exceeds max_entry_size_bytes={self.config.max_entry_size_bytes}")
+        fut = asyncio.get_running_loop().create_future()
+        if self._rollover_task is not None or self._queued or self.current is None:
+            self._queued.append((data, fut))
+            self._start_rollover()
+            return fut
+        if self._current_is_full():
+            self._queued.append((data, fut))
+            self._start_rollover()
+            return fut
+        self._write(data, fut)
+        return fut
+
+    async def add_entry(self, data: bytes) -> Position:
+        """Append one entry; returns its Position once Qa bookies stored it."""
+        return await self.add_entry_nowait(data)
+
+    def _write(self, data: bytes, fut: asyncio.Future) -> None:
+        handle = self.current
+        self._current_entries += 1
+        self._current_size += len(data)
+        try:
+            bk_future = handle.add_entry_nowait(data)
+        except BKException as exc:
+            self._on_ledger_error(handle, exc)
+            fut.set_exception(ManagedLedgerError(f"[{self.name}] add failed: {exc}"))
+            return
+        bk_future.add_done_callback(lambda f: self._add_complete(handle, data, fut, f))
+
+    def _add_complete(self, handle: LedgerHandle, data: bytes, fut: asyncio.Future, bk_future) -> None:
+        exc = bk_future.exception()
+        if exc is not None:
+            self._on_ledger_error(handle, exc)
+            if not fut.done():
+                fut.set_exception(ManagedLedgerError(f"[{self.name}] add failed: {exc}"))
+            return
+        pos = Position(handle.ledger_id, bk_future.result())
+        self.last_confirmed = pos
+        self.entries_added_total += 1
+        self.bytes_added_total += len(data)
+        self.cache.insert(pos, data)
+        if not fut.done():
+            fut.set_result(pos)
+        ev = self._entries_added
+        self._entries_added = asyncio.Event()
+        ev.set()
+
+    def _on_ledger_error(self, handle: LedgerHandle, exc: BaseException) -> None:
+        if isinstance(exc, LedgerFencedError):
+            self._fence(ManagedLedgerFencedError(f"managed ledger {self.name}: ledger {handle.ledger_id} fenced: {exc}"))
+            return
+        if handle is self.current:
+            # Abandon this ledger: the next add rolls over to a new one.
+            log.warning("[%s] ledger %d failed (%s); rolling over", self.name, handle.ledger_id, exc)
+            self.current = None
+
+    def _start_rollover(self) -> None:
+        if self._rollover_task is None:
+            self._rollover_task = asyncio.create_task(self._rollover())
+
+    async def _rollover(self) -> None:
+        try:
+            old = self.current
+            if old is not None:
+                try:
+                    await old.close()
+                except BKException as exc:
+                    log.warning("[%s] closing ledger %d failed: %s", self.name, old.ledger_id, exc)
+                li = self.ledgers.get(old.ledger_id)
+                if li is not None:
+                    li.entries = old.last_add_confirmed + 1
+                    li.size = old.length
+                self._read_handles[old.ledger_id] = old
+            elif self._current_abandoned_id() is not None:
+                lid = self._current_abandoned_id()
+                handle = await self.bk.open_ledger(lid, recovery=True)
+                self.ledgers[lid].entries = handle.last_add_confirmed + 1
+                self._read_handles[lid] = handle
+            self.current = None
+            delay = 0.05
+            while True:
+                try:
+                    await self._create_ledger()
+                    break
+                except ManagedLedgerFencedError:
+                    raise
+                except BKException as exc:
+                    log.warning("[%s] cannot create a ledger yet: %s; retrying in %.2fs", self.name, exc, delay)
+                    if self._closed:
+                        raise ManagedLedgerClosedError(self.name) from None
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        except Exception as exc:
+            queued, self._queued = self._queued, []
+            for _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, ManagedLedgerError) else ManagedLedgerError(str(exc)))
+            self._rollover_task = None
+            return
+        self._rollover_task = None
+        queued, self._queued = self._queued, []
+        for i, (data, fut) in enumerate(queued):
+            if self._current_is_full():
+                self._queued = queued[i:]
+                self._start_rollover()
+                break
+            self._write(data, fut)
+        self.schedule_trim()
+
+    def _current_abandoned_id(self) -> Optional[int]:
+        # The newest ledger in the list that has no read handle and no entries recorded.
+        for lid in sorted(self.ledgers, reverse=True):
+            if lid not in self._read_handles and self.ledgers[lid].entries == 0:
+                return lid
+            break
+        return None
+
+    # ---- reads ----------------------------------------------------------
+    def ledger_entries(self, ledger_id: int) -> int:
+        """Number of confirmed entries of a ledger of this managed ledger (0 if unknown)."""
+        if self.current is not None and ledger_id == self.current.ledger_id:
+            return self.current.last_add_confirmed + 1
+        li = self.ledgers.get(ledger_id)
+        if li is None:
+            return 0
+        if li.entries == 0 and ledger_id == self.last_confirmed.ledger_id:
+            return self.last_confirmed.entry_id + 1
+        return li.entries
+
+    def next_position(self, pos: Position) -> Position:
+        """The position after ``pos``: next entry, or entry 0 of the next non-empty
+        ledger, or (current ledger, next entry id) when ``pos`` is the last one."""
+        if pos.ledger_id in self.ledgers and pos.entry_id + 1 < self.ledger_entries(pos.ledger_id):
+            return Position(pos.ledger_id, pos.entry_id + 1)
+        for lid in sorted(self.ledgers):
+            if lid > pos.ledger_id and self.ledger_entries(lid) > 0:
+                return Position(lid, 0)
+        if pos.ledger_id in self.ledgers:
+            return Position(pos.ledger_id, pos.entry_id + 1) if self.current is None or \
+                pos.ledger_id == self.current.ledger_id else Position(self.current.ledger_id, 0)
+        if self.current is not None and pos.ledger_id < self.current.ledger_id:
+            return Position(self.current.ledger_id, 0)
+        return Position(pos.ledger_id, pos.entry_id + 1)
+
+    def first_position(self) -> Position:
+        """The first readable position (entry 0 of the oldest non-empty ledger)."""
+        for lid in sorted(self.ledgers):
+            if self.ledger_entries(lid) > 0:
+                return Position(lid, 0)
+        return Position(self.current.ledger_id if self.current else self.last_confirmed.ledger_id, 0)
+
+    def has_entries_at(self, pos: Position) -> bool:
+        """True when ``pos`` (or something after it) is confirmed."""
+        return pos <= self.last_confirmed
+
+    def count_entries_between(self, after: Position, upto: Position) -> int:
+        """Number of confirmed entries p with ``after < p <= upto``."""
+        total = 0
+        for lid in self.ledgers:
+            n = self.ledger_entries(lid)
+            if n == 0 or lid < after.ledger_id or lid > upto.ledger_id:
+                continue
+            lo = after.entry_id + 1 if lid == after.ledger_id else 0
+            hi = min(n - 1, upto.entry_id) if lid == upto.ledger_id else n - 1
+            if hi >= lo:
+                total += hi - lo + 1
+        return total
+
+    @property
+    def number_of_entries(self) -> int:
+        return sum(self.ledger_entries(lid) for lid in self.ledgers)
+
+    @property
+    def total_size(self) -> int:
+        """Bytes stored in this managed ledger's ledgers (Pulsar's storageSize)."""
+        size = sum(li.size for lid, li in self.ledgers.items() if self.current is None or lid != self.current.ledger_id)
+        return size + (self.current.length if self.current is not None else 0)
+
+    async def read_entries(self, start: Position, max_count: int, max_bytes: int = 5 * 1024 * 1024) -> list[Entry]:
+        """Up to ``max_count`` confirmed entries from ``start`` on, within ``start``'s
+        ledger (a later call continues in the next ledger), stopping once ``max_bytes``
+        (bytes) are collected. Returns [] when nothing is confirmed at ``start`` yet."""
+        if start.ledger_id not in self.ledgers or start.entry_id >= self.ledger_entries(start.ledger_id):
+            start = self.next_position(Position(start.ledger_id, start.entry_id - 1)) \
+                if start.entry_id > 0 else start
+            if start.ledger_id not in self.ledgers or start.entry_id >= self.ledger_entries(start.ledger_id):
+                nxt = self._next_ledger_start(start)
+                if nxt is None:
+                    return []
+                start = nxt
+        n = self.ledger_entries(start.ledger_id)
+        last = min(n - 1, start.entry_id + max_count - 1)
+        if last < start.entry_id:
+            return []
+        out: list[Entry] = []
+        size = 0
+        entry = start.entry_id
+        lid = start.ledger_id
+        while entry <= last:
+            data = self.cache.get(Position(lid, entry))
+            if data is None:
+                # Read the run of uncached entries from the bookies in one call.
+                end = entry
+                while end + 1 <= last and self.cache.get(Position(lid, end + 1)) is None and end - entry < 255:
+                    end += 1
+                handle = await self._read_handle(lid)
+                datas = await handle.read_entries(entry, end)
+                for i, d in enumerate(datas):
+                    out.append(Entry(Position(lid, entry + i), d))
+                    size += len(d)
+                entry = end + 1
+            else:
+                out.append(Entry(Position(lid, entry), data))
+                size += len(data)
+                entry += 1
+            if size >= max_bytes:
+                break
+        return out
+
+    def _next_ledger_start(self, pos: Position) -> Optional[Position]:
+        for lid in sorted(self.ledgers):
+            if lid > pos.ledger_id and self.ledger_entries(lid) > 0:
+                return Position(lid, 0)
+        return None
+
+    async def _read_handle(self, ledger_id: int) -> LedgerHandle:
+        if self.current is not None and ledger_id == self.current.ledger_id:
+            return self.current
+        handle = self._read_handles.get(ledger_id)
+        if handle is None:
+            handle = await self.bk.open_ledger(ledger_id, recovery=True)
+            self._read_handles[ledger_id] = handle
+        return handle
+
+    async def wait_for_position(self, pos: Position, timeout: Optional[float] = None) -> bool:
+        """Wait until an entry at or after ``pos`` is confirmed (``last_confirmed >= pos``);
+        returns False on timeout (seconds) or when the managed ledger closes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed and self.last_confirmed < pos:
+            ev = self._entries_added
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(ev.wait(), remaining)
+            except asyncio.TimeoutError:
+                return False
+        return self.last_confirmed >= pos
+
+    # ---- cursors --------------------------------------------------------
+    async def open_cursor(self, name: str, initial_position: str = "latest",
+                          properties: Optional[dict[str, int]] = None) -> "ManagedCursor":  # noqa: F821
+        """Open (recover) or create the durable cursor ``name``; a new cursor starts
+        after the last entry (``latest``) or before the first (``earliest``)."""
+        from .managed_cursor import ManagedCursor
+
+        cursor = self.cursors.get(name)
+        if cursor is not None:
+            return cursor
+        cursor = await ManagedCursor.open_or_create(self, name, initial_position, properties)
+        self.cursors[name] = cursor
+        return cursor
+
+    def new_non_durable_cursor(self, start: Position, name: Optional[str] = None,
+                               inclusive: bool = True) -> "ManagedCursor":  # noqa: F821
+        """A cursor kept only in memory (Reader); it does not hold back trimming."""
+        from .managed_cursor import ManagedCursor
+
+        return ManagedCursor.non_durable(self, start, name or f"reader-{id(start)}-{time.monotonic_ns()}", inclusive)
+
+    async def delete_cursor(self, name: str) -> None:
+        """Remove a durable cursor, its cursor ledger and metadata."""
+        cursor = self.cursors.pop(name, None)
+        if cursor is not None:
+            await cursor.remove()
+        self.schedule_trim()
+
+    # ---- trimming -------------------------------------------------------
+    def schedule_trim(self) -> None:
+        """Trim consumed ledgers soon (coalesced)."""
+        if self._trim_task is None or self._trim_task.done():
+            self._trim_task = asyncio.create_task(self._trim_consumed_ledgers())
+
+    def slowest_mark_delete(self) -> Optional[Position]:
+        durable = [c.mark_delete_position for c in self.cursors.values() if c.durable]
+        return min(durable) if durable else None
+
+    async def _trim_consumed_ledgers(self) -> None:
+        """Pulsar's internalTrimConsumedLedgers: delete ledgers before the slowest
+        durable cursor's mark-delete position, honouring retention."""
+        await asyncio.sleep(0)
+        c = self.config
+        if c.default_retention_time_in_minutes < 0 and c.default_retention_size_in_mb < 0:
+            return
+        slowest = self.slowest_mark_delete()
+        if slowest is None:
+            slowest = self.last_confirmed if c.default_retention_time_in_minutes == 0 else None
+        if slowest is None:
+            return
+        now_ms = time.time() * 1000
+        deletable = []
+        for lid in sorted(self.ledgers):
+            if self.current is not None and lid == self.current.ledger_id:
+                break
+            li = self.ledgers[lid]
+            consumed = lid < slowest.ledger_id or (lid == slowest.ledger_id and slowest.entry_id >= li.entries - 1)
+            if not consumed:
+                break
+            age_min = (now_ms - li.timestamp) / 60000.0
+            if c.default_retention_time_in_minutes < 0 or age_min < c.default_retention_time_in_minutes:
+                break
+            deletable.append(lid)
+        if not deletable:
+            return
+        for lid in deletable:
+            del self.ledgers[lid]
+            self._read_handles.pop(lid, None)
+        self.cache.invalidate_ledgers(deletable)
+        await self._store_info()
+        for lid in deletable:
+            await self.bk.delete_ledger(lid)
+        log.info("[%s] trimmed consumed ledgers %s", self.name, deletable)
+
+    # ---- lifecycle ------------------------------------------------------
+    async def close(self) -> None:
+        """Close the current ledger and every cursor; the object is unusable afterwards."""
+        if self._closed:
+            return
+        if self._rollover_task is not None:
+            await asyncio.gather(self._rollover_task, return_exceptions=True)
+        for cursor in list(self.cursors.values()):
+            await cursor.close()
+        self._closed = True
+        if self.current is not None and self._fenced is None:
+            try:
+                await self.current.close()
+                li = self.ledgers.get(self.current.ledger_id)
+                if li is not None:
+                    li.entries = self.current.last_add_confirmed + 1
+                    li.size = self.current.length
+                    await self._store_info()
+            except Exception as exc:
+                log.warning("[%s] close: %s", self.name, exc)
+        ev = self._entries_added
+        ev.set()
+        self.factory._forget(self)
+        self.cache.clear()
+
+    async def delete(self) -> None:
+        """Delete the managed ledger: every cursor, ledger and its metadata."""
+        for name in list(self.cursors):
+            await self.delete_cursor(name)
+        await self.close()
+        for lid in list(self.ledgers):
+            await self.bk.delete_ledger(lid)
+        try:
+            await self.metadata.delete(ml_path(self.name))
+        except Exception:
+            pass
+
+
+class ManagedLedgerFactory:
+    """Opens managed ledgers by name and shares the bookie client and entry cache
+    (Pulsar's ManagedLedgerFactoryImpl)."""
+
+    def __init__(self, metadata, bk: BookKeeper, config: Optional[ManagedLedgerConfig] = None):
+        self.metadata = metadata
+        self.bk = bk
+        self.config = config or ManagedLedgerConfig()
+        self.cache_manager = EntryCacheManager(self.config.managed_ledger_cache_size_mb * 1024 * 1024)
+        self._ledgers: dict[str, ManagedLedger] = {}
+        self._opening: dict[str, asyncio.Task] = {}
+
+    async def open(self, name: str) -> ManagedLedger:
+        """Open (recovering) or create the managed ledger ``name``; concurrent opens share one."""
+        ml = self._ledgers.get(name)
+        if ml is not None:
+            return ml
+        task = self._opening.get(name)
+        if task is None:
+            task = self._opening[name] = asyncio.create_task(self._do_open(name))
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._opening.pop(name, None)
+
+    async def _do_open(self, name: str) -> ManagedLedger:
+        ml = ManagedLedger(self, name)
+        await ml._open()
+        from .managed_cursor import ManagedCursor
+
+        for cursor_name in await self.metadata.get_children(ml_path(name)):
+            ml.cursors[cursor_name] = await ManagedCursor.recover(ml, cursor_name)
+        self._ledgers[name] = ml
+        return ml
+
+    def _forget(self, ml: ManagedLedger) -> None:
+        if self._ledgers.get(ml.name) is ml:
+            del self._ledgers[ml.name]
+
+    async def close(self) -> None:
+        for ml in list(self._ledgers.values()):
+            await ml.close()

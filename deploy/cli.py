@@ -1,0 +1,46 @@
+"""The ``minipulsar`` command (like Pulsar's ``bin/pulsar``): one subcommand per process kind.
+
+To add a subcommand, write ``_add_<name>(subparsers)`` that creates its parser
+and sets ``func`` (a callable taking the parsed args and returning an exit
+status), and list it in ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+def _add_bookie(subparsers) -> None:
+    from bookie.__main__ import add_arguments, run_from_args
+
+    p = subparsers.add_parser("bookie", help="run one bookie (like `pulsar bookie`)",
+                              description="Run a minipulsar bookie")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
+# name -> function adding that subcommand's parser (broker, standalone, geo come later)
+SUBCOMMANDS: dict[str, Callable] = {
+    "bookie": _add_bookie,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``minipulsar`` argument parser with every subcommand of SUBCOMMANDS."""
+    parser = argparse.ArgumentParser(prog="minipulsar", description="minipulsar process launcher")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS.values():
+        add(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: parse ``argv`` and run the subcommand; returns its exit status."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Shared pytest fixtures: real server processes that are always killed at teardown."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.procs import BookieProcess, ProcessTracker, start_bookie
+
+
+@pytest.fixture
+def process_tracker():
+    """A ProcessTracker; every process registered with it is SIGKILLed at teardown."""
+    tracker = ProcessTracker()
+    try:
+        yield tracker
+    finally:
+        tracker.kill_all()
+
+
+@pytest.fixture
+def bookie_factory(tmp_path, process_tracker):
+    """``bookie_factory(data_dir=None, journal_sync=True, extra_args=()) -> BookieProcess``.
+
+    Starts a real bookie (``python -m bookie --port 0``); data_dir defaults to
+    a fresh ``tmp_path/bookie-<n>``. The bookie and anything it ``restart()``s
+    are killed at teardown, even when the test fails.
+    """
+    counter = iter(range(1_000_000))
+
+    def factory(data_dir=None, journal_sync: bool = True, extra_args=()) -> BookieProcess:
+        if data_dir is None:
+            data_dir = tmp_path / f"bookie-{next(counter)}"
+        return start_bookie(data_dir, journal_sync, extra_args, tracker=process_tracker)
+
+    return factory

@@ -1,0 +1,188 @@
+"""Start REAL server processes for integration tests (like nats.py's test helper).
+
+A server process prints one line ``<NAME>_READY port=<port> pid=<pid>`` on
+stdout once it listens. :class:`ServerProcess` starts the command, waits for
+that line and exposes the port; stdout and stderr go to log files in the data
+dir (``<name>.stdout.log`` / ``<name>.stderr.log``, appended across
+restarts) so a failure can be inspected. Processes register with an optional
+:class:`ProcessTracker`, which kills them all at test teardown (see the
+``bookie_factory`` / ``process_tracker`` fixtures in ``tests/conftest.py``).
+
+To add another kind (e.g. a broker), subclass ServerProcess with ``name``,
+``ready_prefix`` and ``command()``, plus a ``start_<kind>()`` function.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_READY_TIMEOUT_S = 30.0
+
+
+class ProcessTracker:
+    """Remembers started processes and kills (SIGKILL) the live ones on :meth:`kill_all`."""
+
+    def __init__(self) -> None:
+        self.processes: list[ServerProcess] = []
+
+    def add(self, proc: "ServerProcess") -> None:
+        self.processes.append(proc)
+
+    def kill_all(self) -> None:
+        for proc in self.processes:
+            proc.kill()
+        self.processes.clear()
+
+
+class ServerProcess:
+    """One server subprocess that announces ``<ready_prefix> port=<port> pid=<pid>``.
+
+    Subclasses set ``name`` (log file prefix), ``ready_prefix`` (e.g.
+    ``"BOOKIE_READY"``) and implement :meth:`command` (argv list) and
+    :meth:`restart`. After :meth:`start`: ``.port`` (int), ``.address``
+    (``"127.0.0.1:<port>"``), ``.pid``, ``.popen``.
+    """
+
+    name = "server"
+    ready_prefix = "SERVER_READY"
+
+    def __init__(self, data_dir: str | os.PathLike, extra_args=(), tracker: ProcessTracker | None = None,
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> None:
+        self.data_dir = Path(data_dir)
+        self.extra_args = tuple(extra_args)
+        self.tracker = tracker
+        self.ready_timeout_s = ready_timeout_s
+        self.popen: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.pid: int | None = None
+
+    # -- to override -------------------------------------------------------
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    # -- common --------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.data_dir / f"{self.name}.stdout.log"
+
+    @property
+    def stderr_log(self) -> Path:
+        return self.data_dir / f"{self.name}.stderr.log"
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def is_running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def start(self) -> "ServerProcess":
+        """Start the process and wait for its ready line.
+
+        Raises ``RuntimeError`` (with the stderr tail) if it exits first and
+        ``TimeoutError`` if no ready line comes within ``ready_timeout_s``.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        offset = self.stdout_log.stat().st_size if self.stdout_log.exists() else 0
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        with open(self.stdout_log, "ab") as out, open(self.stderr_log, "ab") as err:
+            self.popen = subprocess.Popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                          cwd=str(REPO_ROOT), env=env)
+        if self.tracker is not None:
+            self.tracker.add(self)
+        pattern = re.compile(rf"^{re.escape(self.ready_prefix)} port=(\d+) pid=(\d+)\r?\n", re.M)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            with open(self.stdout_log, "rb") as f:
+                f.seek(offset)
+                m = pattern.search(f.read().decode(errors="replace"))
+            if m:
+                self.port, self.pid = int(m.group(1)), int(m.group(2))
+                return self
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode} before ready:\n"
+                                   f"{self.stderr_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"{self.name} not ready after {self.ready_timeout_s}s:\n{self.stderr_tail()}")
+            time.sleep(0.02)
+
+    def stderr_tail(self, n_bytes: int = 4000) -> str:
+        try:
+            data = self.stderr_log.read_bytes()
+        except OSError:
+            return ""
+        return data[-n_bytes:].decode(errors="replace")
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit status (SIGKILL after ``timeout_s``)."""
+        if self.popen is None:
+            return 0
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> int | None:
+        """SIGKILL (like ``kill -9``) and reap; returns the exit status. No-op if not running."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.kill()
+        return self.popen.wait()
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Wait for exit and return the exit status (raises ``subprocess.TimeoutExpired``)."""
+        return self.popen.wait(timeout_s)
+
+    def restart(self) -> "ServerProcess":
+        """Start a NEW process of the same kind on the same data dir (stop this one first)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.address} pid={self.pid} dir={self.data_dir}>"
+
+
+class BookieProcess(ServerProcess):
+    """A ``python -m bookie --port 0 --data-dir DIR`` process."""
+
+    name = "bookie"
+    ready_prefix = "BOOKIE_READY"
+
+    def __init__(self, data_dir, journal_sync: bool = True, extra_args=(), tracker=None,
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> None:
+        super().__init__(data_dir, extra_args, tracker, ready_timeout_s)
+        self.journal_sync = journal_sync
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "bookie", "--port", "0", "--data-dir", str(self.data_dir)]
+        if not self.journal_sync:
+            cmd.append("--no-journal-sync")
+        return cmd + list(self.extra_args)
+
+    def restart(self) -> "BookieProcess":
+        if self.is_running():
+            raise RuntimeError(f"{self!r} is still running: terminate() or kill() it first")
+        return start_bookie(self.data_dir, self.journal_sync, self.extra_args, tracker=self.tracker,
+                            ready_timeout_s=self.ready_timeout_s)
+
+
+def start_bookie(data_dir, journal_sync: bool = True, extra_args=(), tracker: ProcessTracker | None = None,
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> BookieProcess:
+    """Start a bookie process on a free port and wait until it is ready (blocking, ~1 s)."""
+    return BookieProcess(data_dir, journal_sync, extra_args, tracker, ready_timeout_s).start()
