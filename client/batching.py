@@ -199,6 +199,12 @@ class BatchMessageContainer:
                              publish_time=publish_time_ms, highest_sequence_id=last.sequence_id,
                              num_messages_in_batch=len(messages), uncompressed_size=len(uncompressed),
                              replicate_to=first.replication_targets())
+        # As Pulsar, the batch carries its first message's keys: the broker's
+        # Key_Shared dispatcher routes whole entries by this sticky key.
+        if first.partition_key is not None:
+            md.partition_key = first.partition_key
+        if first.ordering_key is not None:
+            md.ordering_key = first.ordering_key
         if compression is not CompressionType.NONE:
             md.compression = compression.value
         payload = compress(compression, uncompressed)

@@ -21,9 +21,29 @@ def _add_bookie(subparsers) -> None:
     p.set_defaults(func=run_from_args)
 
 
-# name -> function adding that subcommand's parser (broker, standalone, geo come later)
+def _add_broker(subparsers) -> None:
+    from broker.__main__ import add_arguments, run_from_args
+
+    p = subparsers.add_parser("broker", help="run one broker (like `pulsar broker`)",
+                              description="Run a minipulsar broker from a TOML config; flags override")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
+def _add_standalone(subparsers) -> None:
+    from deploy.standalone import add_arguments, run_from_args
+
+    p = subparsers.add_parser("standalone", help="bookies + broker in one command (like `pulsar standalone`)",
+                              description="Run a one-cluster minipulsar: N bookies and a broker")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
+# name -> function adding that subcommand's parser
 SUBCOMMANDS: dict[str, Callable] = {
     "bookie": _add_bookie,
+    "broker": _add_broker,
+    "standalone": _add_standalone,
 }
 
 

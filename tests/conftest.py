@@ -33,3 +33,33 @@ def bookie_factory(tmp_path, process_tracker):
         return start_bookie(data_dir, journal_sync, extra_args, tracker=process_tracker)
 
     return factory
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory):
+    """One real standalone cluster (2 bookies + broker) shared by the session's
+    tests; ``.service_url``. Tests must use their own topic names."""
+    from tests.procs import ProcessTracker, start_standalone
+
+    tracker = ProcessTracker()
+    proc = start_standalone(tmp_path_factory.mktemp("standalone"), tracker=tracker)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        tracker.kill_all()
+
+
+@pytest.fixture
+def standalone_factory(tmp_path, process_tracker):
+    """``standalone_factory(data_dir=None, extra_args=()) -> StandaloneProcess``: a
+    private cluster (for restart/kill tests); killed at teardown."""
+    from tests.procs import start_standalone
+
+    counter = iter(range(1000))
+
+    def factory(data_dir=None, extra_args=()):
+        return start_standalone(data_dir or tmp_path / f"standalone-{next(counter)}", extra_args,
+                                tracker=process_tracker)
+
+    return factory

@@ -1,0 +1,78 @@
+"""Broker configuration: one dataclass, loadable from TOML, overridable by flags.
+
+Field names are Pulsar's broker.conf keys in snake_case.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from typing import Any, Optional
+
+from broker.ledger.managed_ledger import ManagedLedgerConfig
+
+
+@dataclasses.dataclass
+class BrokerConfig:
+    """Settings of one broker process (Pulsar's ServiceConfiguration)."""
+
+    cluster_name: str = "standalone"
+    bookies: list[str] = dataclasses.field(default_factory=list)     # host:port of every bookie
+    data_dir: str = "data/broker"                                   # metadata store lives here
+    bind_address: str = "127.0.0.1"
+    advertised_address: str = "127.0.0.1"
+    broker_service_port: int = 6600                                 # gRPC; 6650 stays for a Pulsar-protocol listener
+    web_service_port: int = 8080                                    # HTTP: Prometheus /metrics
+    allow_auto_topic_creation: bool = True
+    broker_deduplication_enabled: bool = False
+    broker_deduplication_entries_interval: int = 1000               # entries between dedup snapshots
+    max_message_size: int = 5 * 1024 * 1024                         # bytes
+    dispatcher_max_read_batch_size: int = 100                       # entries per cursor read
+    max_unacked_messages_per_consumer: int = 50000
+    subscription_key_shared_consistent_hashing: bool = False
+    # geo-replication / replicated subscriptions
+    replication_policy_check_duration_seconds: int = 600
+    replication_producer_queue_size: int = 1000
+    enable_replicated_subscriptions: bool = True
+    replicated_subscriptions_snapshot_frequency_millis: int = 1000
+    replicated_subscriptions_snapshot_timeout_seconds: int = 30
+    replicated_subscriptions_snapshot_max_cached_per_subscription: int = 30
+    # managed ledger / bookkeeper
+    managed_ledger_max_entries_per_ledger: int = 50000
+    managed_ledger_max_size_per_ledger_mb: int = 2048
+    managed_ledger_min_ledger_rollover_time_minutes: float = 10.0
+    managed_ledger_max_ledger_rollover_time_minutes: float = 240.0
+    managed_ledger_default_ensemble_size: int = 2
+    managed_ledger_default_write_quorum: int = 2
+    managed_ledger_default_ack_quorum: int = 2
+    managed_ledger_cache_size_mb: int = 256
+    managed_ledger_cursor_max_entries_per_ledger: int = 50000
+    default_retention_time_in_minutes: int = 0
+    default_retention_size_in_mb: int = 0
+
+    def managed_ledger_config(self) -> ManagedLedgerConfig:
+        ml_fields = {f.name for f in dataclasses.fields(ManagedLedgerConfig)}
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k in ml_fields}
+        values["max_entry_size_bytes"] = self.max_message_size + 64 * 1024
+        return ManagedLedgerConfig(**values)
+
+    @classmethod
+    def from_toml(cls, path: str) -> "BrokerConfig":
+        """Load a TOML file (keys at top level or under ``[broker]``); unknown keys
+        raise ValueError naming them."""
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        if "broker" in data and isinstance(data["broker"], dict):
+            data = data["broker"]
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "BrokerConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown broker config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+    def override(self, **values: Optional[Any]) -> "BrokerConfig":
+        """A copy with the non-None ``values`` applied (CLI flags)."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})

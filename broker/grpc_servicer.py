@@ -1,0 +1,251 @@
+"""The broker's gRPC front door (proto/broker.proto ``PulsarBroker``): streams and
+unary calls translated to the transport-neutral BrokerService (the role of
+Pulsar's ServerCnx)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Optional
+
+import grpc
+
+from broker.ledger.position import Position
+from client.errors import PulsarException, to_status
+from client.topic_name import TopicName
+from proto import broker_pb2 as pb
+from proto import broker_pb2_grpc
+
+from .service import admin
+from .service.broker_service import BrokerService
+from .service.consumer import Consumer, ConsumerWriter
+from .service.errors import InvalidArgument
+from .service.seek import find_position_by_publish_time
+from .service.topic import DUP_POSITION
+
+log = logging.getLogger(__name__)
+
+
+async def abort_with(context, exc: BaseException):
+    """End the call with the gRPC status for ``exc`` ("ClassName: message")."""
+    if not isinstance(exc, PulsarException):
+        log.exception("internal error", exc_info=exc)
+    code, details = to_status(exc)
+    await context.abort(getattr(grpc.StatusCode, code, grpc.StatusCode.INTERNAL), details)
+
+
+def _status_response(request_id: int, exc: Optional[BaseException]) -> pb.ConsumerResponse:
+    if exc is None:
+        return pb.ConsumerResponse(success=pb.CommandSuccess(request_id=request_id))
+    _, details = to_status(exc)
+    name, _, message = details.partition(": ")
+    return pb.ConsumerResponse(error=pb.CommandError(request_id=request_id, error=name, message=message))
+
+
+class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
+    def __init__(self, service: BrokerService):
+        self.service = service
+
+    # ---- producers ------------------------------------------------------
+    async def Produce(self, request_iterator, context):
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("create"):
+            await abort_with(context, InvalidArgument("the first message of a Produce stream must be 'create'"))
+        create = first.create
+        try:
+            topic = await self.service.get_topic(create.topic)
+            producer = topic.add_producer(create.producer_name, create.is_replicator)
+        except Exception as exc:
+            await abort_with(context, exc)
+            return
+        try:
+            await context.write(pb.ProducerResponse(success=pb.ProducerSuccess(
+                producer_name=producer.name, last_sequence_id=topic.last_sequence_id(producer.name),
+                max_message_size=self.service.config.max_message_size, topic=str(topic.name))))
+            await self._produce_loop(context, topic, producer)
+        finally:
+            topic.remove_producer(producer)
+
+    async def _produce_loop(self, context, topic, producer) -> None:
+        pending: collections.deque = collections.deque()
+        arrived = asyncio.Event()
+
+        async def reader():
+            while True:
+                req = await context.read()
+                if req is grpc.aio.EOF:
+                    return
+                if not req.HasField("sends"):
+                    continue
+                for send in req.sends.sends:
+                    try:
+                        pending.append((send, topic.publish(producer, send)))
+                    except Exception as exc:
+                        pending.append((send, exc))
+                arrived.set()
+
+        reader_task = asyncio.create_task(reader())
+        try:
+            while True:
+                if not pending:
+                    if reader_task.done():
+                        reader_task.result()
+                        return
+                    arrived.clear()
+                    waiter = asyncio.ensure_future(arrived.wait())
+                    await asyncio.wait([waiter, reader_task], return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    continue
+                head = pending[0][1]
+                if isinstance(head, asyncio.Future) and not head.done():
+                    await asyncio.wait([head])
+                receipts = []
+                while pending:
+                    send, item = pending[0]
+                    if isinstance(item, asyncio.Future):
+                        if not item.done():
+                            break
+                        exc = item.exception()
+                    else:
+                        exc = item
+                    pending.popleft()
+                    if exc is None:
+                        pos = item.result()
+                        receipts.append(pb.SendReceipt(
+                            sequence_id=send.sequence_id, highest_sequence_id=send.highest_sequence_id,
+                            message_id=pb.Position(ledger_id=pos.ledger_id, entry_id=pos.entry_id)))
+                        continue
+                    if receipts:
+                        await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+                        receipts = []
+                    _, details = to_status(exc)
+                    name, _, message = details.partition(": ")
+                    await context.write(pb.ProducerResponse(send_error=pb.SendError(
+                        sequence_id=send.sequence_id, error=name, message=message)))
+                    if getattr(exc, "retriable", False):
+                        # Keep the order: the client reconnects and resends from this message on.
+                        await abort_with(context, exc)
+                        return
+                if receipts:
+                    await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+        finally:
+            reader_task.cancel()
+
+    # ---- consumers ------------------------------------------------------
+    async def Consume(self, request_iterator, context):
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("subscribe"):
+            await abort_with(context, InvalidArgument("the first message of a Consume stream must be 'subscribe'"))
+        sub = first.subscribe
+        if not sub.subscription:
+            await abort_with(context, InvalidArgument("subscription name is empty"))
+        writer = ConsumerWriter()
+        consumer = Consumer(sub.consumer_name or f"consumer-{id(writer) & 0xffffff:x}", sub.priority_level,
+                            writer.send, self.service.config.max_unacked_messages_per_consumer)
+        try:
+            topic = await self.service.get_topic(sub.topic)
+            subscription = await topic.subscribe(sub, consumer)
+        except Exception as exc:
+            await abort_with(context, exc)
+            return
+        await context.write(pb.ConsumerResponse(subscribed=pb.SubscribeSuccess(
+            consumer_name=consumer.name, topic=str(topic.name))))
+        reader_task = asyncio.create_task(self._consumer_reader(context, topic, subscription, consumer, writer))
+        try:
+            while True:
+                response = await writer.queue.get()
+                if response is None:
+                    break
+                await context.write(response)
+        finally:
+            reader_task.cancel()
+            subscription.remove_consumer(consumer)
+            if not subscription.durable:
+                await subscription.close()
+
+    async def _consumer_reader(self, context, topic, subscription, consumer: Consumer, writer: ConsumerWriter):
+        try:
+            while True:
+                req = await context.read()
+                if req is grpc.aio.EOF:
+                    break
+                kind = req.WhichOneof("request")
+                if kind == "flow":
+                    subscription.flow(consumer, req.flow.permits)
+                elif kind == "ack":
+                    self._ack(subscription, consumer, req.ack, writer)
+                elif kind == "redeliver":
+                    subscription.redeliver_unacknowledged(
+                        consumer, [Position(p.ledger_id, p.entry_id) for p in req.redeliver.positions])
+                elif kind == "seek":
+                    try:
+                        if req.seek.WhichOneof("target") == "publish_time":
+                            pos = await find_position_by_publish_time(topic.ml, req.seek.publish_time)
+                        else:
+                            m = req.seek.message_id
+                            pos = Position(m.ledger_id, m.entry_id)
+                            if pos.ledger_id < 0:
+                                pos = topic.ml.first_position()
+                        await subscription.reset_cursor(pos)
+                        writer.send(_status_response(req.seek.request_id, None))
+                    except Exception as exc:
+                        writer.send(_status_response(req.seek.request_id, exc))
+                elif kind == "unsubscribe":
+                    try:
+                        if subscription.durable:
+                            await subscription.unsubscribe(consumer)
+                        writer.send(_status_response(req.unsubscribe.request_id, None))
+                        writer.close()
+                        return
+                    except Exception as exc:
+                        writer.send(_status_response(req.unsubscribe.request_id, exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("consumer stream reader ended: %s", exc)
+        writer.close()
+
+    def _ack(self, subscription, consumer, ack: pb.Ack, writer: ConsumerWriter) -> None:
+        try:
+            done = subscription.acknowledge(consumer, ack)
+        except Exception as exc:
+            writer.send(_status_response(ack.request_id, exc))
+            return
+        if ack.request_id:
+            fut = asyncio.ensure_future(done)
+            fut.add_done_callback(lambda f: writer.send(_status_response(
+                ack.request_id, f.exception() if not f.cancelled() else InvalidArgument("cancelled"))))
+        else:
+            asyncio.ensure_future(done).add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    # ---- lookup / admin ---------------------------------------------------
+    async def GetPartitionedTopicMetadata(self, request, context):
+        try:
+            TopicName.get(request.topic)
+            return pb.PartitionedTopicMetadata(partitions=await self.service.partitions_of(request.topic))
+        except Exception as exc:
+            await abort_with(context, exc)
+
+    async def GetLastMessageId(self, request, context):
+        try:
+            topic = await self.service.get_topic(request.topic)
+            ml = topic.ml
+            last = ml.last_confirmed if ml.last_confirmed.entry_id >= 0 else Position(-1, -1)
+            first = ml.first_position() if last.entry_id >= 0 else Position(-1, -1)
+            return pb.LastMessageIdResponse(
+                last_message_id=pb.Position(ledger_id=last.ledger_id, entry_id=last.entry_id),
+                first_message_id=pb.Position(ledger_id=first.ledger_id, entry_id=first.entry_id))
+        except Exception as exc:
+            await abort_with(context, exc)
+
+    async def GetTopicsOfNamespace(self, request, context):
+        try:
+            return pb.TopicList(topics=await self.service.list_topics(request.namespace))
+        except Exception as exc:
+            await abort_with(context, exc)
+
+    async def Admin(self, request, context):
+        try:
+            return pb.AdminResponse(body_json=await admin.dispatch(self.service, request.method, request.body_json))
+        except Exception as exc:
+            await abort_with(context, exc)

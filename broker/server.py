@@ -1,0 +1,96 @@
+"""One broker process: metadata store, bookie client, BrokerService, the gRPC
+server and the HTTP metrics endpoint (Pulsar's ``PulsarService``)."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import grpc
+
+from bookie.client import BookKeeper
+from broker.config import BrokerConfig
+from broker.metadata import SqliteMetadataStore
+from proto import broker_pb2_grpc
+
+from .grpc_servicer import PulsarBrokerServicer
+from .metrics import start_metrics_server
+from .service.broker_service import BrokerService
+from .service.errors import AlreadyExists
+
+log = logging.getLogger(__name__)
+
+GRPC_SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def service_class():
+    """The BrokerService with geo-replication when that module is present."""
+    try:
+        from broker.replication.geo_service import GeoBrokerService
+        return GeoBrokerService
+    except ImportError:
+        return BrokerService
+
+
+class BrokerServer:
+    """Start/stop a broker. After ``start()``: ``port`` (gRPC), ``http_port``, ``service``."""
+
+    def __init__(self, config: BrokerConfig):
+        if not config.bookies:
+            raise ValueError("the broker needs bookies: set bookies = ['host:port', ...] or --bookies")
+        self.config = config
+        self.port: Optional[int] = None
+        self.http_port: Optional[int] = None
+        self.metadata = None
+        self.bk = None
+        self.service: Optional[BrokerService] = None
+        self._server = None
+        self._http = None
+
+    @property
+    def service_url(self) -> str:
+        return f"minipulsar://{self.config.advertised_address}:{self.port}"
+
+    async def start(self) -> None:
+        c = self.config
+        os.makedirs(c.data_dir, exist_ok=True)
+        self.metadata = await SqliteMetadataStore.open(os.path.join(c.data_dir, "metadata.db"))
+        self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024)
+        self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        self.port = self._server.add_insecure_port(f"{c.bind_address}:{c.broker_service_port}")
+        if not self.port:
+            raise OSError(f"cannot bind the broker port {c.bind_address}:{c.broker_service_port} (in use?)")
+        self.service = service_class()(c, self.metadata, self.bk)
+        self.service.service_url = self.service_url
+        await self._register_own_cluster()
+        await self.service.start()
+        broker_pb2_grpc.add_PulsarBrokerServicer_to_server(PulsarBrokerServicer(self.service), self._server)
+        await self._server.start()
+        self._http, self.http_port = start_metrics_server(self.service, c.bind_address, c.web_service_port)
+        log.info("broker of cluster %s serving %s (metrics on :%s)", c.cluster_name, self.service_url, self.http_port)
+
+    async def _register_own_cluster(self) -> None:
+        res = self.service.resources
+        try:
+            await res.create_cluster(self.config.cluster_name, self.service_url)
+        except AlreadyExists:
+            current = await res.get_cluster(self.config.cluster_name)
+            if current.get("service_url") != self.service_url:
+                await res.update_cluster(self.config.cluster_name, self.service_url)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        if self.service is not None:
+            await self.service.close()
+        if self.bk is not None:
+            await self.bk.close()
+        if self.metadata is not None:
+            await self.metadata.close()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()

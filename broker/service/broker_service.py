@@ -1,0 +1,191 @@
+"""BrokerService (Pulsar's ``BrokerService``): the topics this broker owns,
+topic loading and auto-creation, namespace policy lookups and periodic stats."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Optional
+
+from bookie.client import BookKeeper
+from broker.config import BrokerConfig
+from broker.ledger.managed_ledger import ManagedLedgerFactory
+from broker.metadata import MetadataStore
+from client.errors import NotAllowed, TopicNotFound
+from client.topic_name import TopicName
+
+from .errors import NotFound
+from .resources import Policies, Resources
+from .topic import PersistentTopic
+
+log = logging.getLogger(__name__)
+
+
+class BrokerService:
+    """Owns every topic of this broker; transport-neutral (the gRPC servicer and a
+    future Pulsar-protocol listener both call it)."""
+
+    def __init__(self, config: BrokerConfig, metadata: MetadataStore, bk: BookKeeper):
+        self.config = config
+        self.metadata = metadata
+        self.bk = bk
+        self.resources = Resources(metadata)
+        self.ml_factory = ManagedLedgerFactory(metadata, bk, config.managed_ledger_config())
+        self.topics: dict[str, PersistentTopic] = {}
+        self._loading: dict[str, asyncio.Task] = {}
+        self.rates: dict[str, dict] = {}
+        self._stats_task: Optional[asyncio.Task] = None
+        self._last_counters: dict[str, tuple] = {}
+        self._last_stats_time = time.monotonic()
+        self.started_at = time.time()
+
+    async def start(self) -> None:
+        self._stats_task = asyncio.create_task(self._stats_loop())
+
+    async def close(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        for topic in list(self.topics.values()):
+            try:
+                await topic.close()
+            except Exception as exc:
+                log.warning("closing %s: %s", topic.name, exc)
+        self.topics.clear()
+        await self.ml_factory.close()
+
+    # ---- policies -------------------------------------------------------
+    async def namespace_policies(self, namespace: str) -> Policies:
+        """Policies of an existing namespace; TopicNotFound when it does not exist."""
+        try:
+            return await self.resources.get_policies(namespace)
+        except NotFound:
+            raise TopicNotFound(f"namespace {namespace} does not exist; create it with: "
+                                f"minipulsar-admin namespaces create {namespace}") from None
+
+    def dedup_enabled(self, policies: Policies) -> bool:
+        if policies.deduplication_enabled is not None:
+            return policies.deduplication_enabled
+        return self.config.broker_deduplication_enabled
+
+    # ---- topics ---------------------------------------------------------
+    async def get_topic(self, topic: str | TopicName, create: bool = True) -> PersistentTopic:
+        """The loaded topic, loading or auto-creating it (allow_auto_topic_creation).
+        Raises InvalidTopicName, TopicNotFound (no namespace, or not existing and
+        create is False), NotAllowed (the parent of a partitioned topic)."""
+        tn = topic if isinstance(topic, TopicName) else TopicName.get(topic)
+        key = str(tn)
+        loaded = self.topics.get(key)
+        if loaded is not None and not loaded.closed:
+            return loaded
+        task = self._loading.get(key)
+        if task is None:
+            task = self._loading[key] = asyncio.create_task(self._load_topic(tn, create))
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._loading.pop(key, None)
+
+    async def _load_topic(self, tn: TopicName, create: bool) -> PersistentTopic:
+        policies = await self.namespace_policies(tn.namespace)
+        if await self.resources.get_partitions(tn.persistence_naming) > 0:
+            raise NotAllowed(f"{tn} is a partitioned topic: produce/consume on its partitions "
+                             f"({tn}-partition-N); the client does this for you")
+        exists = await self.metadata.exists(f"/managed-ledgers/{tn.persistence_naming}")
+        if not exists:
+            parent_partitions = await self.resources.get_partitions(tn.partitioned_topic_name.persistence_naming) \
+                if tn.is_partition else 0
+            in_range = tn.is_partition and tn.partition_index < parent_partitions
+            if not in_range and (not create or not self.config.allow_auto_topic_creation):
+                raise TopicNotFound(f"topic {tn} does not exist and auto-creation is "
+                                    f"{'off' if not self.config.allow_auto_topic_creation else 'not asked'}; "
+                                    f"create it with: minipulsar-admin topics create {tn}")
+        ml = await self.ml_factory.open(tn.persistence_naming)
+        self._apply_retention(ml, policies)
+        topic = PersistentTopic(self, tn, ml, self.dedup_enabled(policies))
+        await topic.initialize()
+        self.topics[str(tn)] = topic
+        log.info("loaded topic %s", tn)
+        await self.on_topic_loaded(topic, policies)
+        return topic
+
+    def _apply_retention(self, ml, policies: Policies) -> None:
+        if policies.retention_time_in_minutes is not None:
+            ml.config = ml.config.__class__(**{**ml.config.__dict__,
+                                               "default_retention_time_in_minutes": policies.retention_time_in_minutes,
+                                               "default_retention_size_in_mb": policies.retention_size_in_mb or 0})
+
+    async def on_topic_loaded(self, topic: PersistentTopic, policies: Policies) -> None:
+        """Hook for geo-replication (starts replicators)."""
+
+    async def unload_topic(self, topic: str) -> None:
+        tn = TopicName.get(topic)
+        loaded = self.topics.pop(str(tn), None)
+        if loaded is None:
+            raise NotFound(f"topic {tn} is not loaded on this broker")
+        await loaded.close()
+
+    async def delete_topic(self, topic: str, force: bool = False) -> None:
+        tn = TopicName.get(topic)
+        partitions = await self.resources.get_partitions(tn.persistence_naming)
+        if partitions > 0:
+            for i in range(partitions):
+                await self._delete_one(tn.partition(i), force, missing_ok=True)
+            await self.resources.delete_partitioned_topic(tn.persistence_naming)
+            return
+        await self._delete_one(tn, force, missing_ok=False)
+
+    async def _delete_one(self, tn: TopicName, force: bool, missing_ok: bool) -> None:
+        if not await self.metadata.exists(f"/managed-ledgers/{tn.persistence_naming}"):
+            if missing_ok:
+                return
+            raise NotFound(f"topic {tn} does not exist")
+        topic = await self.get_topic(tn, create=False)
+        if not force and (topic.producers or any(s.consumers for s in topic.subscriptions.values())):
+            from .errors import PreconditionFailed
+            raise PreconditionFailed(f"topic {tn} has connected producers or consumers; use --force")
+        self.topics.pop(str(tn), None)
+        await topic.delete()
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        """Every persistent topic of a namespace (partitions listed individually)."""
+        await self.namespace_policies(namespace)
+        names = await self.metadata.get_children(f"/managed-ledgers/{namespace}/persistent")
+        return sorted(f"persistent://{namespace}/{n}" for n in names)
+
+    async def partitions_of(self, topic: str) -> int:
+        tn = TopicName.get(topic)
+        return await self.resources.get_partitions(tn.persistence_naming)
+
+    # ---- stats ----------------------------------------------------------
+    async def _stats_loop(self, interval_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.update_rates()
+            except Exception:
+                log.exception("stats update failed")
+
+    def update_rates(self) -> None:
+        """Rates (per second) over the last interval, as Pulsar's stats updater."""
+        now = time.monotonic()
+        elapsed = max(1e-3, now - self._last_stats_time)
+        self._last_stats_time = now
+        rates: dict[str, dict] = {}
+        for name, topic in self.topics.items():
+            prev = self._last_counters.get(name, (topic.msg_in_counter, topic.bytes_in_counter, {}))
+            t_rates = {"msgRateIn": (topic.msg_in_counter - prev[0]) / elapsed,
+                       "msgThroughputIn": (topic.bytes_in_counter - prev[1]) / elapsed, "subs": {}}
+            sub_counters = {}
+            for sname, sub in topic.subscriptions.items():
+                out = sum(c.msg_out_counter for c in sub.consumers)
+                out_b = sum(c.bytes_out_counter for c in sub.consumers)
+                red = sum(c.msg_redeliver_counter for c in sub.consumers)
+                p = prev[2].get(sname, (out, out_b, red))
+                t_rates["subs"][sname] = {"msgRateOut": max(0, out - p[0]) / elapsed,
+                                          "msgThroughputOut": max(0, out_b - p[1]) / elapsed,
+                                          "msgRateRedeliver": max(0, red - p[2]) / elapsed}
+                sub_counters[sname] = (out, out_b, red)
+            rates[name] = t_rates
+            self._last_counters[name] = (topic.msg_in_counter, topic.bytes_in_counter, sub_counters)
+        self.rates = rates

@@ -1,0 +1,420 @@
+"""Dispatchers: push a subscription's entries to its consumers within permits.
+
+One class per subscription type, as Pulsar's broker:
+
+* ``SingleActiveConsumerDispatcher`` (Exclusive, Failover;
+  PersistentDispatcherSingleActiveConsumer): every entry to the active consumer;
+  Failover picks the active one by priority level, then name (for partition N of
+  a partitioned topic: the N-th modulo the count), and on a change the cursor
+  rewinds to the mark-delete position so the new one gets everything unacked.
+* ``MultipleConsumersDispatcher`` (Shared; PersistentDispatcherMultipleConsumers):
+  round robin over consumers with permits; redeliveries (messagesToRedeliver)
+  go first.
+* ``KeySharedDispatcher`` (Key_Shared, AUTO_SPLIT hash ranges;
+  PersistentStickyKeyDispatcherMultipleConsumers): Murmur3 hash of the entry's
+  sticky key (ordering key, else partition key) modulo 65536 picks the consumer
+  owning that range; a consumer that just joined receives nothing beyond the
+  read position at its join until everything before it is acknowledged
+  (recentlyJoinedConsumers), so each key stays in order.
+
+Common loop: replayed positions first, then the cursor; entries that are
+markers are acknowledged and never delivered; entries already acknowledged are
+skipped by the cursor; entries with ``deliver_at_time`` in the future wait in
+a delayed-delivery heap (Shared and Key_Shared only, as in Pulsar).
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from typing import TYPE_CHECKING, Optional
+
+from broker.ledger.position import Entry, Position
+from client.entry_format import peek_metadata
+from client.errors import CorruptedMessage
+from client.routing import murmur3_32_hash
+
+from .consumer import Consumer, DispatchItem
+
+if TYPE_CHECKING:
+    from .subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+HASH_RANGE_SIZE = 65536
+
+
+class Dispatcher:
+    """Shared machinery; subclasses decide which consumer gets which entry."""
+
+    uses_delayed_delivery = False
+
+    def __init__(self, subscription: "Subscription"):
+        self.subscription = subscription
+        self.cursor = subscription.cursor
+        self.consumers: list[Consumer] = []
+        self.replay: set[Position] = set()           # messagesToRedeliver
+        self._delayed: list[tuple[int, Position]] = []
+        self._wakeup = asyncio.Event()
+        self._epoch = 0
+        self._closed = False
+        self._task: Optional[asyncio.Task] = None
+        self.max_read_batch = subscription.topic.config.dispatcher_max_read_batch_size
+        self._avg_messages_per_entry = 1.0
+        self._dispatched = 0
+
+    # ---- lifecycle --------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        self._closed = True
+        self.wake()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    # ---- consumers ------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.wake()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        pending = consumer.take_pending()
+        self.redeliver(pending, count=True)
+
+    def redeliver(self, positions, count: bool = True) -> None:
+        """Queue positions for redelivery (incrementing their redelivery count)."""
+        for pos in positions:
+            if not self.cursor.is_acknowledged(pos):
+                self.replay.add(pos)
+                if count:
+                    self.subscription.redelivery_counts[pos] = self.subscription.redelivery_counts.get(pos, 0) + 1
+        self.wake()
+
+    def reset(self) -> None:
+        """Forget in-flight state after a seek/reset: new epoch, empty replay."""
+        self._epoch += 1
+        self.replay.clear()
+        self._delayed.clear()
+        for c in self.consumers:
+            c.take_pending()
+        self.wake()
+
+    def total_permits(self) -> int:
+        return sum(c.available_permits() for c in self.consumers)
+
+    # ---- loop -----------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while not self._closed:
+                self._wakeup.clear()
+                self._release_delayed()
+                permits = self.total_permits()
+                if permits <= 0 or not self.consumers:
+                    await self._wait(None)
+                    continue
+                epoch = self._epoch
+                n_entries = max(1, min(self.max_read_batch, int(permits / max(1.0, self._avg_messages_per_entry))))
+                from_replay = bool(self.replay)
+                if from_replay:
+                    entries = await self._read_replay(n_entries)
+                else:
+                    entries = await self.cursor.read_entries(n_entries)
+                    if not entries:
+                        await self._wait(self.cursor.read_position)
+                        continue
+                if epoch != self._epoch:
+                    continue
+                items = self._prepare(entries)
+                sent_before = self._dispatched
+                if items:
+                    self._dispatch(items)
+                if from_replay and entries and self._dispatched == sent_before:
+                    # Nothing could go out (held keys, no permits): wait for a change.
+                    await self._wait(None)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("[%s][%s] dispatcher failed", self.subscription.topic.name, self.subscription.name)
+
+    async def _wait(self, read_position: Optional[Position]) -> None:
+        waiters = [asyncio.ensure_future(self._wakeup.wait())]
+        if read_position is not None:
+            waiters.append(asyncio.ensure_future(self.cursor.ml.wait_for_position(read_position)))
+        timeout = None
+        if self._delayed:
+            timeout = max(0.0, self._delayed[0][0] / 1000.0 - time.time())
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _read_replay(self, max_entries: int) -> list[Entry]:
+        positions = sorted(self.replay)[:max_entries]
+        for pos in positions:
+            self.replay.discard(pos)
+        ml = self.cursor.ml
+        out: list[Entry] = []
+        i = 0
+        while i < len(positions):
+            # Read runs of consecutive positions in one call.
+            j = i
+            while j + 1 < len(positions) and positions[j + 1] == Position(positions[j].ledger_id, positions[j].entry_id + 1):
+                j += 1
+            if not self.cursor.is_acknowledged(positions[i]) or j > i:
+                try:
+                    entries = await ml.read_entries(positions[i], j - i + 1)
+                except Exception as exc:
+                    log.warning("[%s][%s] replay read of %s failed: %s", self.subscription.topic.name,
+                                self.subscription.name, positions[i], exc)
+                    entries = []
+                wanted = set(positions[i:j + 1])
+                out.extend(e for e in entries if e.position in wanted and not self.cursor.is_acknowledged(e.position))
+            i = j + 1
+        return out
+
+    def _prepare(self, entries: list[Entry]) -> list[DispatchItem]:
+        """Peek metadata: skip (and acknowledge) markers, hold delayed entries."""
+        items: list[DispatchItem] = []
+        to_ack: list[Position] = []
+        now_ms = int(time.time() * 1000)
+        total_msgs = 0
+        for entry in entries:
+            try:
+                md = peek_metadata(entry.data)
+            except CorruptedMessage as exc:
+                log.error("[%s][%s] skipping corrupt entry %s: %s", self.subscription.topic.name,
+                          self.subscription.name, entry.position, exc)
+                to_ack.append(entry.position)
+                continue
+            if md.HasField("marker_type"):
+                self.subscription.on_marker(entry, md)
+                to_ack.append(entry.position)
+                continue
+            if self.uses_delayed_delivery and md.HasField("deliver_at_time") and md.deliver_at_time > now_ms:
+                heapq.heappush(self._delayed, (md.deliver_at_time, entry.position))
+                continue
+            n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+            key = md.ordering_key if md.HasField("ordering_key") else (
+                md.partition_key.encode() if md.HasField("partition_key") else b"")
+            items.append(DispatchItem(entry.position, entry.data, max(1, n), key))
+            total_msgs += max(1, n)
+        if items:
+            self._avg_messages_per_entry = 0.8 * self._avg_messages_per_entry + 0.2 * (total_msgs / len(items))
+        if to_ack:
+            self.cursor.delete_nowait(to_ack)
+        return items
+
+    def _release_delayed(self) -> None:
+        now_ms = int(time.time() * 1000)
+        while self._delayed and self._delayed[0][0] <= now_ms:
+            _, pos = heapq.heappop(self._delayed)
+            self.replay.add(pos)
+
+    def _send(self, consumer: Consumer, items: list[DispatchItem]) -> None:
+        self._dispatched += len(items)
+        sub = self.subscription
+        consumer.send_entries(items, sub.redelivery_counts, sub.ack_set_for)
+
+    def _dispatch(self, items: list[DispatchItem]) -> None:
+        raise NotImplementedError
+
+
+class SingleActiveConsumerDispatcher(Dispatcher):
+    """Exclusive and Failover: one active consumer receives everything."""
+
+    def __init__(self, subscription: "Subscription", partition_index: int = -1):
+        super().__init__(subscription)
+        self.partition_index = partition_index
+        self.active: Optional[Consumer] = None
+
+    def _pick_active(self) -> Optional[Consumer]:
+        if not self.consumers:
+            return None
+        ordered = sorted(self.consumers, key=lambda c: (c.priority_level, c.name, c.consumer_id))
+        if self.partition_index >= 0:
+            top = [c for c in ordered if c.priority_level == ordered[0].priority_level]
+            return top[self.partition_index % len(top)]
+        return ordered[0]
+
+    def _update_active(self) -> None:
+        new = self._pick_active()
+        if new is not self.active:
+            old = self.active
+            self.active = new
+            if old is not None and old in self.consumers:
+                # The previous active consumer's unacked messages go to the new one.
+                old.take_pending()
+            self.replay.clear()
+            self.cursor.rewind()
+            self._epoch += 1
+        for c in self.consumers:
+            c.notify_active(c is self.active)
+        self.wake()
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self._update_active()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        was_active = consumer is self.active
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        consumer.take_pending()
+        if was_active:
+            self.active = None
+        self._update_active()
+
+    def total_permits(self) -> int:
+        return self.active.available_permits() if self.active is not None else 0
+
+    def redeliver(self, positions, count: bool = True) -> None:
+        # Keep order for the single active consumer: rewind and re-read.
+        for pos in positions:
+            if count and not self.cursor.is_acknowledged(pos):
+                self.subscription.redelivery_counts[pos] = self.subscription.redelivery_counts.get(pos, 0) + 1
+        if self.active is not None:
+            self.active.take_pending()
+        self.cursor.rewind()
+        self._epoch += 1
+        self.wake()
+
+    def _dispatch(self, items: list[DispatchItem]) -> None:
+        consumer = self.active
+        if consumer is None:
+            self.cursor.rewind()
+            return
+        self._send(consumer, items)
+
+
+class MultipleConsumersDispatcher(Dispatcher):
+    """Shared: round robin within permits."""
+
+    uses_delayed_delivery = True
+
+    def __init__(self, subscription: "Subscription"):
+        super().__init__(subscription)
+        self._next = 0
+
+    def _dispatch(self, items: list[DispatchItem]) -> None:
+        n = len(self.consumers)
+        i = 0
+        while i < len(items):
+            consumer = None
+            for k in range(n):
+                c = self.consumers[(self._next + k) % n]
+                if c.available_permits() > 0:
+                    consumer = c
+                    self._next = (self._next + k + 1) % n
+                    break
+            if consumer is None:
+                self.replay.update(item.position for item in items[i:])
+                return
+            chunk = []
+            permits = consumer.available_permits()
+            # Give this consumer a share: up to its permits, at most an equal split.
+            share = max(1, (len(items) - i + n - 1) // n)
+            while i < len(items) and permits > 0 and len(chunk) < share:
+                chunk.append(items[i])
+                permits -= items[i].num_messages
+                i += 1
+            self._send(consumer, chunk)
+
+
+class KeySharedDispatcher(Dispatcher):
+    """Key_Shared with auto-split hash ranges [0, 65536)."""
+
+    uses_delayed_delivery = True
+
+    def __init__(self, subscription: "Subscription"):
+        super().__init__(subscription)
+        self.ranges: list[tuple[int, int, Consumer]] = []   # (start, end inclusive, consumer)
+        self.recently_joined: dict[Consumer, Position] = {}
+        self._held: set[Position] = set()
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        if not self.ranges:
+            self.ranges = [(0, HASH_RANGE_SIZE - 1, consumer)]
+        else:
+            idx = max(range(len(self.ranges)), key=lambda k: self.ranges[k][1] - self.ranges[k][0])
+            start, end, owner = self.ranges[idx]
+            mid = (start + end) // 2
+            self.ranges[idx:idx + 1] = [(start, mid, owner), (mid + 1, end, consumer)]
+            self.recently_joined[consumer] = self.cursor.read_position
+        self.consumers.append(consumer)
+        self.wake()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        new_ranges: list[tuple[int, int, Consumer]] = []
+        for start, end, owner in self.ranges:
+            if owner is consumer:
+                if new_ranges:
+                    s, _, o = new_ranges[-1]
+                    new_ranges[-1] = (s, end, o)
+                else:
+                    new_ranges.append((start, end, None))  # fixed below
+            else:
+                if new_ranges and new_ranges[-1][2] is None:
+                    new_ranges[-1] = (new_ranges[-1][0], end, owner)
+                else:
+                    new_ranges.append((start, end, owner))
+        self.ranges = [r for r in new_ranges if r[2] is not None]
+        self.recently_joined.pop(consumer, None)
+        super().remove_consumer(consumer)
+
+    def consumer_for(self, key: bytes) -> Optional[Consumer]:
+        h = murmur3_32_hash(key) % HASH_RANGE_SIZE
+        for start, end, owner in self.ranges:
+            if start <= h <= end:
+                return owner
+        return None
+
+    def _release_held(self) -> None:
+        md = self.cursor.mark_delete_position
+        for consumer, join_pos in list(self.recently_joined.items()):
+            if md >= Position(join_pos.ledger_id, join_pos.entry_id - 1):
+                del self.recently_joined[consumer]
+        if self._held:
+            self.replay.update(self._held)
+            self._held.clear()
+
+    def total_permits(self) -> int:
+        self._release_held()
+        return super().total_permits()
+
+    def _dispatch(self, items: list[DispatchItem]) -> None:
+        per_consumer: dict[Consumer, list[DispatchItem]] = {}
+        permits: dict[Consumer, int] = {}
+        blocked_keys: set[Consumer] = set()
+        for item in items:
+            consumer = self.consumer_for(item.sticky_key)
+            if consumer is None:
+                self._held.add(item.position)
+                continue
+            join_pos = self.recently_joined.get(consumer)
+            if join_pos is not None and item.position >= join_pos:
+                self._held.add(item.position)
+                continue
+            if consumer not in permits:
+                permits[consumer] = consumer.available_permits()
+            if permits[consumer] <= 0 or consumer in blocked_keys:
+                # Keep later entries of this consumer behind the held one: order per key.
+                blocked_keys.add(consumer)
+                self._held.add(item.position)
+                continue
+            per_consumer.setdefault(consumer, []).append(item)
+            permits[consumer] -= item.num_messages
+        for consumer, chunk in per_consumer.items():
+            self._send(consumer, chunk)

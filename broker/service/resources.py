@@ -1,0 +1,201 @@
+"""Cluster, tenant, namespace and partitioned-topic metadata (Pulsar's
+``PulsarResources``: ClusterResources, TenantResources, NamespaceResources,
+NamespaceResources.PartitionedTopicResources), stored as JSON in the metadata
+store under Pulsar's paths:
+
+* ``/admin/clusters/<cluster>``                     {"service_url": ...}
+* ``/admin/policies/<tenant>``                      {"allowed_clusters": [...]}
+* ``/admin/policies/<tenant>/<ns>``                 namespace Policies
+* ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>``  {"partitions": N}
+* ``/admin/topic-policies/<tenant>/<ns>/<topic>``   topic-level policies
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Optional
+
+from broker.metadata import MetadataStore
+
+from .errors import AlreadyExists, InvalidArgument, NotFound, PreconditionFailed
+
+_NAME = re.compile(r"^[-=:.\w]+$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Validate a tenant/namespace/cluster name; InvalidArgument otherwise."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgument(f"invalid {kind} name {name!r}: use letters, digits, '-', '_', '=', ':' or '.'")
+    return name
+
+
+@dataclasses.dataclass
+class Policies:
+    """Namespace policies (Pulsar's org.apache.pulsar.common.policies.data.Policies)."""
+
+    replication_clusters: list[str] = dataclasses.field(default_factory=list)
+    deduplication_enabled: Optional[bool] = None          # None: broker default
+    message_ttl_in_seconds: int = 0                       # 0: no TTL
+    retention_time_in_minutes: Optional[int] = None       # None: broker default
+    retention_size_in_mb: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Policies":
+        raw = json.loads(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+
+
+class Resources:
+    """Typed access to the admin metadata; raises NotFound / AlreadyExists / InvalidArgument."""
+
+    def __init__(self, store: MetadataStore):
+        self.store = store
+
+    async def _get_json(self, path: str) -> Optional[tuple[Any, int]]:
+        res = await self.store.get(path)
+        if res is None:
+            return None
+        return json.loads(res.value), res.version
+
+    # ---- clusters -------------------------------------------------------
+    async def create_cluster(self, name: str, service_url: str) -> None:
+        check_name("cluster", name)
+        if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
+            raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
+        if await self.store.exists(f"/admin/clusters/{name}"):
+            raise AlreadyExists(f"cluster {name} already exists")
+        await self.store.put(f"/admin/clusters/{name}", json.dumps({"service_url": service_url}).encode(), -1)
+
+    async def update_cluster(self, name: str, service_url: str) -> None:
+        await self.get_cluster(name)
+        if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
+            raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
+        await self.store.put(f"/admin/clusters/{name}", json.dumps({"service_url": service_url}).encode())
+
+    async def get_cluster(self, name: str) -> dict:
+        got = await self._get_json(f"/admin/clusters/{check_name('cluster', name)}")
+        if got is None:
+            raise NotFound(f"cluster {name} does not exist; create it with: minipulsar-admin clusters create")
+        return {"name": name, **got[0]}
+
+    async def list_clusters(self) -> list[str]:
+        return await self.store.get_children("/admin/clusters")
+
+    async def delete_cluster(self, name: str) -> None:
+        await self.get_cluster(name)
+        await self.store.delete(f"/admin/clusters/{name}")
+
+    # ---- tenants --------------------------------------------------------
+    async def create_tenant(self, tenant: str, allowed_clusters: list[str]) -> None:
+        check_name("tenant", tenant)
+        if await self.store.exists(f"/admin/policies/{tenant}"):
+            raise AlreadyExists(f"tenant {tenant} already exists")
+        await self._check_clusters_exist(allowed_clusters)
+        await self.store.put(f"/admin/policies/{tenant}",
+                             json.dumps({"allowed_clusters": list(allowed_clusters)}).encode(), -1)
+
+    async def update_tenant(self, tenant: str, allowed_clusters: list[str]) -> None:
+        await self.get_tenant(tenant)
+        await self._check_clusters_exist(allowed_clusters)
+        await self.store.put(f"/admin/policies/{tenant}", json.dumps({"allowed_clusters": list(allowed_clusters)}).encode())
+
+    async def get_tenant(self, tenant: str) -> dict:
+        got = await self._get_json(f"/admin/policies/{check_name('tenant', tenant)}")
+        if got is None:
+            raise NotFound(f"tenant {tenant} does not exist; create it with: minipulsar-admin tenants create {tenant}")
+        return got[0]
+
+    async def list_tenants(self) -> list[str]:
+        return await self.store.get_children("/admin/policies")
+
+    async def delete_tenant(self, tenant: str) -> None:
+        await self.get_tenant(tenant)
+        if await self.store.get_children(f"/admin/policies/{tenant}"):
+            raise PreconditionFailed(f"tenant {tenant} still has namespaces; delete them first")
+        await self.store.delete(f"/admin/policies/{tenant}")
+
+    async def _check_clusters_exist(self, clusters: list[str]) -> None:
+        if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
+            raise InvalidArgument(f"clusters must be a list of names, got {clusters!r}")
+        known = set(await self.list_clusters())
+        missing = [c for c in clusters if c not in known]
+        if missing:
+            raise NotFound(f"unknown cluster(s) {', '.join(missing)}; register them with: "
+                           f"minipulsar-admin clusters create NAME --url minipulsar://HOST:PORT")
+
+    # ---- namespaces -----------------------------------------------------
+    @staticmethod
+    def _split_ns(namespace: str) -> tuple[str, str]:
+        parts = namespace.split("/") if isinstance(namespace, str) else []
+        if len(parts) != 2:
+            raise InvalidArgument(f"invalid namespace {namespace!r}: use tenant/namespace")
+        return check_name("tenant", parts[0]), check_name("namespace", parts[1])
+
+    async def create_namespace(self, namespace: str, policies: Optional[Policies] = None) -> None:
+        tenant, ns = self._split_ns(namespace)
+        await self.get_tenant(tenant)
+        path = f"/admin/policies/{tenant}/{ns}"
+        if await self.store.exists(path):
+            raise AlreadyExists(f"namespace {namespace} already exists")
+        await self.store.put(path, (policies or Policies()).to_json(), -1)
+
+    async def get_policies(self, namespace: str) -> Policies:
+        tenant, ns = self._split_ns(namespace)
+        res = await self.store.get(f"/admin/policies/{tenant}/{ns}")
+        if res is None:
+            raise NotFound(f"namespace {namespace} does not exist; create it with: "
+                           f"minipulsar-admin namespaces create {namespace}")
+        return Policies.from_json(res.value)
+
+    async def set_policies(self, namespace: str, policies: Policies) -> None:
+        tenant, ns = self._split_ns(namespace)
+        await self.get_policies(namespace)
+        await self.store.put(f"/admin/policies/{tenant}/{ns}", policies.to_json())
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        await self.get_tenant(tenant)
+        return [f"{tenant}/{ns}" for ns in await self.store.get_children(f"/admin/policies/{tenant}")]
+
+    async def delete_namespace(self, namespace: str) -> None:
+        tenant, ns = self._split_ns(namespace)
+        await self.get_policies(namespace)
+        await self.store.delete(f"/admin/policies/{tenant}/{ns}")
+
+    # ---- partitioned topics -------------------------------------------------
+    @staticmethod
+    def partitioned_path(persistence_name: str) -> str:
+        return f"/admin/partitioned-topics/{persistence_name}"
+
+    async def get_partitions(self, persistence_name: str) -> int:
+        got = await self._get_json(self.partitioned_path(persistence_name))
+        return 0 if got is None else int(got[0]["partitions"])
+
+    async def create_partitioned_topic(self, persistence_name: str, partitions: int) -> None:
+        if not isinstance(partitions, int) or partitions < 1:
+            raise InvalidArgument(f"partitions must be an integer >= 1, got {partitions!r}")
+        path = self.partitioned_path(persistence_name)
+        if await self.store.exists(path):
+            raise AlreadyExists(f"partitioned topic {persistence_name} already exists")
+        await self.store.put(path, json.dumps({"partitions": partitions}).encode(), -1)
+
+    async def delete_partitioned_topic(self, persistence_name: str) -> None:
+        path = self.partitioned_path(persistence_name)
+        if await self.store.exists(path):
+            await self.store.delete(path)
+
+    async def list_partitioned_topics(self, namespace: str) -> list[str]:
+        tenant, ns = self._split_ns(namespace)
+        return await self.store.get_children(f"/admin/partitioned-topics/{tenant}/{ns}/persistent")
+
+    # ---- topic-level policies -------------------------------------------
+    async def get_topic_policies(self, persistence_name: str) -> dict:
+        got = await self._get_json(f"/admin/topic-policies/{persistence_name}")
+        return {} if got is None else got[0]
+
+    async def set_topic_policies(self, persistence_name: str, policies: dict) -> None:
+        await self.store.put(f"/admin/topic-policies/{persistence_name}", json.dumps(policies, sort_keys=True).encode())

@@ -1,0 +1,40 @@
+"""Seek by publish time (Pulsar's ``PersistentMessageFinder``): binary search
+over the managed ledger's entries by the publish_time of their metadata."""
+from __future__ import annotations
+
+from broker.ledger.managed_ledger import ManagedLedger
+from broker.ledger.position import Position
+from client.entry_format import peek_metadata
+from client.errors import CorruptedMessage
+
+
+async def find_position_by_publish_time(ml: ManagedLedger, timestamp_ms: int) -> Position:
+    """The first position whose publish_time >= ``timestamp_ms`` (ms since epoch);
+    the position after the last entry when every entry is older. O(log n) reads."""
+    ledgers = [(lid, ml.ledger_entries(lid)) for lid in sorted(ml.ledgers) if ml.ledger_entries(lid) > 0]
+    total = sum(n for _, n in ledgers)
+
+    def position_at(index: int) -> Position:
+        for lid, n in ledgers:
+            if index < n:
+                return Position(lid, index)
+            index -= n
+        raise IndexError(index)
+
+    async def publish_time(index: int) -> int:
+        entries = await ml.read_entries(position_at(index), 1)
+        try:
+            return peek_metadata(entries[0].data).publish_time
+        except (CorruptedMessage, IndexError):
+            return 0
+
+    lo, hi = 0, total
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if await publish_time(mid) < timestamp_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo >= total:
+        return ml.next_position(ml.last_confirmed)
+    return position_at(lo)

@@ -1,0 +1,307 @@
+"""A persistent topic (Pulsar's ``PersistentTopic``): its managed ledger,
+producers, deduplication, subscriptions and stats."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Optional
+
+from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError
+from broker.ledger.position import Position
+from client.entry_format import peek_metadata, verify_checksum
+from client.errors import CorruptedMessage, MessageTooBig, ProducerBusy
+from client.topic_name import TopicName
+from proto import broker_pb2 as pb
+
+from .consumer import Consumer
+from .dedup import DedupStatus, MessageDeduplication
+from .errors import NotFound, ServiceNotReady
+from .subscription import Subscription
+
+if TYPE_CHECKING:
+    from .broker_service import BrokerService
+
+log = logging.getLogger(__name__)
+
+DUP_POSITION = Position(-1, -1)
+INTERNAL_CURSOR_PREFIXES = ("pulsar.dedup", "pulsar.repl.")
+
+
+class BrokerProducer:
+    """A producer connected to a topic (Pulsar's broker-side ``Producer``)."""
+
+    def __init__(self, topic: "PersistentTopic", name: str, is_replicator: bool):
+        self.topic = topic
+        self.name = name
+        self.is_replicator = is_replicator
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.connected_since_ms = int(time.time() * 1000)
+        self.closed = False
+
+
+class PersistentTopic:
+    """Create through ``BrokerService.get_topic``."""
+
+    def __init__(self, service: "BrokerService", name: TopicName, ml: ManagedLedger, dedup_enabled: bool):
+        self.service = service
+        self.config = service.config
+        self.name = name
+        self.ml = ml
+        self.producers: dict[str, BrokerProducer] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+        self.dedup = MessageDeduplication(dedup_enabled, self.config.broker_deduplication_entries_interval)
+        self._dedup_cursor = None
+        self._dedup_last_position: Optional[Position] = None
+        self.msg_in_counter = 0
+        self.bytes_in_counter = 0
+        self.marker_positions: list[Position] = []     # markers written, to exclude them from backlog figures
+        self.closed = False
+        self.replicators: dict[str, object] = {}        # remote cluster -> replicator (geo-replication)
+
+    @property
+    def full_name(self) -> str:
+        return str(self.name)
+
+    async def initialize(self) -> None:
+        """Recover durable subscriptions and deduplication state."""
+        for cursor_name, cursor in self.ml.cursors.items():
+            if cursor_name.startswith(INTERNAL_CURSOR_PREFIXES):
+                continue
+            self.subscriptions[cursor_name] = Subscription(self, cursor_name, cursor)
+        await self.set_dedup_enabled(self.dedup.enabled, force=True)
+
+    # ---- deduplication ----------------------------------------------------
+    async def set_dedup_enabled(self, enabled: bool, force: bool = False) -> None:
+        """Turn deduplication on (recovering snapshot + replaying the tail) or off
+        (dropping its cursor so it does not hold back trimming)."""
+        if enabled == self.dedup.enabled and not force:
+            return
+        self.dedup.enabled = enabled
+        name = MessageDeduplication.CURSOR_NAME
+        if not enabled:
+            if name in self.ml.cursors:
+                await self.ml.delete_cursor(name)
+            self._dedup_cursor = None
+            return
+        cursor = await self.ml.open_cursor(name, initial_position="latest")
+        self._dedup_cursor = cursor
+        replayed = []
+        reader = self.ml.new_non_durable_cursor(cursor.mark_delete_position, inclusive=False)
+        while True:
+            entries = await reader.read_entries(1000)
+            if not entries:
+                break
+            for e in entries:
+                try:
+                    md = peek_metadata(e.data)
+                except CorruptedMessage:
+                    continue
+                if md.HasField("marker_type"):
+                    continue
+                replayed.append((md.producer_name, max(md.sequence_id, md.highest_sequence_id)))
+        self.dedup.load(cursor.properties, replayed)
+        log.info("[%s] deduplication enabled: %d producers known, %d entries replayed",
+                 self.name, len(self.dedup.highest_sequenced_persisted), len(replayed))
+
+    def _dedup_snapshot(self, position: Position) -> None:
+        cursor = self._dedup_cursor
+        if cursor is None:
+            return
+        try:
+            fut = cursor.mark_delete_nowait(position, properties=self.dedup.snapshot())
+            fut.add_done_callback(lambda f: f.exception())
+        except Exception as exc:
+            log.warning("[%s] dedup snapshot failed: %s", self.name, exc)
+
+    # ---- producers ------------------------------------------------------
+    def add_producer(self, name: Optional[str], is_replicator: bool = False) -> BrokerProducer:
+        """Register a producer; a generated name when ``name`` is empty. Raises
+        ProducerBusy when the name is already connected."""
+        if not name:
+            name = f"{self.service.config.cluster_name}-{uuid.uuid4().hex[:12]}"
+        if name in self.producers:
+            raise ProducerBusy(f"producer {name} is already connected to {self.name}; "
+                               f"use another producer_name or close the other one")
+        producer = BrokerProducer(self, name, is_replicator)
+        self.producers[name] = producer
+        return producer
+
+    def remove_producer(self, producer: BrokerProducer) -> None:
+        producer.closed = True
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+
+    def last_sequence_id(self, producer_name: str) -> int:
+        return self.dedup.last_sequence_id(producer_name) if self.dedup.enabled else -1
+
+    def publish(self, producer: BrokerProducer, send: pb.Send) -> "asyncio.Future[Position]":
+        """Store one Send (one entry); returns a future of its Position, or
+        DUP_POSITION (-1:-1) for a duplicate. Raises MessageTooBig,
+        CorruptedMessage, ServiceNotReady (dedup state unknown: retry)."""
+        data = send.headers_and_payload
+        if len(data) > self.config.max_message_size:
+            raise MessageTooBig(f"message of {len(data)} bytes exceeds max_message_size="
+                                f"{self.config.max_message_size} on {self.name}; enable chunking or send smaller")
+        verify_checksum(data)
+        md = peek_metadata(data)
+        highest = max(send.sequence_id, send.highest_sequence_id)
+        check_dedup = not md.HasField("num_chunks_from_msg") or md.chunk_id == md.num_chunks_from_msg - 1
+        if check_dedup:
+            status = self.dedup.check(producer.name, send.sequence_id, highest)
+            if status is DedupStatus.DUP:
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(DUP_POSITION)
+                return fut
+            if status is DedupStatus.UNKNOWN:
+                raise ServiceNotReady(f"cannot tell yet whether sequence id {send.sequence_id} of {producer.name} "
+                                      f"is a duplicate (still being persisted); retry")
+        n = max(1, send.num_messages)
+        try:
+            ml_future = self.ml.add_entry_nowait(data)
+        except ManagedLedgerError as exc:
+            self.dedup.record_failed(producer.name)
+            raise ServiceNotReady(f"{self.name}: cannot store the message now ({exc}); retry") from None
+        result = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                self.dedup.record_failed(producer.name)
+                result.set_exception(ServiceNotReady(f"{self.name}: storing failed ({exc}); retry"))
+                return
+            pos = f.result()
+            self.msg_in_counter += n
+            self.bytes_in_counter += len(data)
+            producer.msg_in_counter += n
+            producer.bytes_in_counter += len(data)
+            if md.HasField("marker_type"):
+                self.marker_positions.append(pos)
+            if check_dedup and self.dedup.record_persisted(producer.name, highest):
+                self._dedup_snapshot(pos)
+            result.set_result(pos)
+
+        ml_future.add_done_callback(done)
+        return result
+
+    # ---- subscriptions --------------------------------------------------
+    async def subscribe(self, sub: pb.Subscribe, consumer: Consumer) -> Subscription:
+        """Create or recover the subscription and attach ``consumer``."""
+        if sub.durable:
+            subscription = self.subscriptions.get(sub.subscription)
+            if subscription is None:
+                if sub.subscription.startswith(INTERNAL_CURSOR_PREFIXES):
+                    from .errors import InvalidArgument
+                    raise InvalidArgument(f"subscription names starting with 'pulsar.' are reserved: {sub.subscription}")
+                initial = "earliest" if sub.initial_position == pb.Earliest else "latest"
+                cursor = await self.ml.open_cursor(sub.subscription, initial_position=initial)
+                subscription = self.subscriptions.get(sub.subscription) or Subscription(self, sub.subscription, cursor)
+                self.subscriptions[sub.subscription] = subscription
+            if sub.replicate_subscription_state and self.config.enable_replicated_subscriptions:
+                await subscription.set_replicated(True)
+        else:
+            start = Position(sub.start_message_id.ledger_id, sub.start_message_id.entry_id) \
+                if sub.HasField("start_message_id") else Position(2**63 - 1, 2**63 - 1)
+            if not sub.HasField("start_message_id") and sub.initial_position == pb.Earliest:
+                start = Position(-1, -1)
+            cursor = self.ml.new_non_durable_cursor(start, name=sub.subscription,
+                                                    inclusive=sub.start_message_id_inclusive)
+            subscription = Subscription(self, sub.subscription, cursor, durable=False)
+        subscription.add_consumer(consumer, sub.sub_type)
+        return subscription
+
+    async def remove_subscription(self, name: str) -> None:
+        subscription = self.subscriptions.pop(name, None)
+        if subscription is None:
+            raise NotFound(f"subscription {name} does not exist on {self.name}")
+        await subscription.close()
+        await self.ml.delete_cursor(name)
+
+    def markers_in_backlog(self, cursor) -> int:
+        """Markers after ``cursor``'s mark-delete position not yet acknowledged by it
+        (so user-visible backlogs exclude them, unlike Pulsar issue #22926)."""
+        md = cursor.mark_delete_position
+        if not self.marker_positions or self.marker_positions[-1] <= md:
+            return 0
+        return sum(1 for p in self.marker_positions if p > md and not cursor.is_acknowledged(p))
+
+    # ---- figures --------------------------------------------------------
+    def stats(self) -> dict:
+        """Topic stats with Pulsar's field names (TopicStats)."""
+        rates = self.service.rates.get(self.full_name, {})
+        subs = {}
+        for name, s in self.subscriptions.items():
+            srates = rates.get("subs", {}).get(name, {})
+            subs[name] = {
+                "msgBacklog": s.backlog(),
+                "unackedMessages": s.unacked_messages(),
+                "type": {0: "Exclusive", 1: "Shared", 2: "Failover", 3: "Key_Shared"}.get(s.sub_type, "None"),
+                "msgRateOut": srates.get("msgRateOut", 0.0),
+                "msgThroughputOut": srates.get("msgThroughputOut", 0.0),
+                "msgRateRedeliver": srates.get("msgRateRedeliver", 0.0),
+                "isReplicated": s.replicated,
+                "markDeletePosition": str(s.cursor.mark_delete_position),
+                "readPosition": str(s.cursor.read_position),
+                "consumers": [{"consumerName": c.name, "availablePermits": c.permits,
+                               "unackedMessages": c.unacked_messages, "msgOutCounter": c.msg_out_counter,
+                               "isActive": c.is_active}
+                              for c in s.consumers],
+            }
+        return {
+            "msgRateIn": rates.get("msgRateIn", 0.0),
+            "msgThroughputIn": rates.get("msgThroughputIn", 0.0),
+            "msgRateOut": sum(v["msgRateOut"] for v in subs.values()),
+            "msgThroughputOut": sum(v["msgThroughputOut"] for v in subs.values()),
+            "msgInCounter": self.msg_in_counter,
+            "bytesInCounter": self.bytes_in_counter,
+            "storageSize": self.ml.total_size,
+            "backlogSize": max((v["msgBacklog"] for v in subs.values()), default=0),
+            "publishers": [{"producerName": p.name, "msgInCounter": p.msg_in_counter,
+                            "isReplicator": p.is_replicator} for p in self.producers.values()],
+            "subscriptions": subs,
+            "replication": {name: r.stats() for name, r in self.replicators.items() if hasattr(r, "stats")},
+            "deduplicationEnabled": self.dedup.enabled,
+        }
+
+    def internal_stats(self) -> dict:
+        """Managed-ledger level view (PersistentTopicInternalStats)."""
+        return {
+            "entriesAddedCounter": self.ml.entries_added_total,
+            "numberOfEntries": self.ml.number_of_entries,
+            "totalSize": self.ml.total_size,
+            "currentLedgerEntries": self.ml.ledger_entries(self.ml.current.ledger_id) if self.ml.current else 0,
+            "lastConfirmedEntry": str(self.ml.last_confirmed),
+            "ledgers": [{"ledgerId": lid, "entries": self.ml.ledger_entries(lid), "size": li.size}
+                        for lid, li in sorted(self.ml.ledgers.items())],
+            "cursors": {name: {"markDeletePosition": str(c.mark_delete_position),
+                               "readPosition": str(c.read_position),
+                               "individuallyDeletedMessages": c.individual_deleted.size(),
+                               "properties": c.properties,
+                               "cursorProperties": c.cursor_properties}
+                        for name, c in self.ml.cursors.items()},
+        }
+
+    # ---- lifecycle ------------------------------------------------------
+    async def close(self) -> None:
+        """Disconnect everything and close the managed ledger (topic unload)."""
+        if self.closed:
+            return
+        self.closed = True
+        for r in list(self.replicators.values()):
+            await r.close()
+        for s in list(self.subscriptions.values()):
+            await s.close()
+        for p in list(self.producers.values()):
+            p.closed = True
+        await self.ml.close()
+
+    async def delete(self) -> None:
+        """Delete the topic's data: subscriptions, cursors, ledgers."""
+        for s in list(self.subscriptions.values()):
+            await s.close()
+        for r in list(self.replicators.values()):
+            await r.close()
+        self.closed = True
+        await self.ml.delete()

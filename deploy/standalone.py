@@ -1,0 +1,164 @@
+"""``minipulsar standalone``: one cluster in one command (like ``pulsar standalone``).
+
+Starts N bookie processes (default 2, Qw=Qa=2) and a broker in this process,
+all with data under ``--data-dir``; creates tenant ``public`` and namespace
+``public/default``; prints the service URL; Ctrl-C stops everything.
+Restarted on the same data dir it recovers everything: the bookies' ports are
+chosen once and kept in ``<data-dir>/standalone.json`` (ledger metadata names
+bookies by address, as BookKeeper does).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def start_bookie_process(data_dir: Path, port: int, journal_sync: bool, log_file: Path,
+                         timeout_s: float = 30.0) -> subprocess.Popen:
+    """Start ``python -m bookie`` and wait for its BOOKIE_READY line; RuntimeError
+    with the tail of its log when it does not come up."""
+    cmd = [sys.executable, "-m", "bookie", "--port", str(port), "--data-dir", str(data_dir)]
+    if not journal_sync:
+        cmd.append("--no-journal-sync")
+    err = open(log_file, "ab")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(b"BOOKIE_READY"):
+            return proc
+    proc.kill()
+    tail = log_file.read_bytes()[-2000:].decode(errors="replace")
+    raise RuntimeError(f"bookie on port {port} did not start; log {log_file}:\n{tail}")
+
+
+async def ensure_namespace(service, tenant: str, namespace: str, clusters: list[str]) -> None:
+    """Create tenant/namespace if missing (idempotent), replicated to ``clusters``."""
+    from broker.service.errors import AlreadyExists
+    from broker.service.resources import Policies
+
+    try:
+        await service.resources.create_tenant(tenant, clusters)
+    except AlreadyExists:
+        pass
+    try:
+        await service.resources.create_namespace(f"{tenant}/{namespace}", Policies(replication_clusters=clusters))
+    except AlreadyExists:
+        pass
+
+
+async def run(args) -> int:
+    from broker.config import BrokerConfig
+    from broker.server import BrokerServer
+
+    data = Path(args.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    state_file = data / "standalone.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    ports = state.get("bookie_ports") or []
+    while len(ports) < args.bookies:
+        ports.append(free_port())
+    ports = ports[:max(args.bookies, len(ports))]
+    busy = [p for p in ports if not port_is_free(p)]
+    if busy:
+        print(f"standalone: bookie port(s) {busy} are in use (another standalone on {data}?); "
+              f"stop it first", file=sys.stderr)
+        return 1
+    state["bookie_ports"] = ports
+    state_file.write_text(json.dumps(state))
+    bookies = []
+    try:
+        for i, port in enumerate(ports):
+            bdir = data / f"bookie-{i}"
+            bdir.mkdir(exist_ok=True)
+            bookies.append(start_bookie_process(bdir, port, args.journal_sync, data / f"bookie-{i}.log"))
+        quorum = min(2, len(ports))
+        config = BrokerConfig(cluster_name=args.cluster_name, bookies=[f"127.0.0.1:{p}" for p in ports],
+                              data_dir=str(data / "broker"), broker_service_port=args.port,
+                              web_service_port=args.http_port, managed_ledger_default_ensemble_size=quorum,
+                              managed_ledger_default_write_quorum=quorum, managed_ledger_default_ack_quorum=quorum,
+                              broker_deduplication_enabled=args.deduplication)
+        server = BrokerServer(config)
+        await server.start()
+        await ensure_namespace(server.service, "public", "default", [args.cluster_name])
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"minipulsar standalone is ready: service URL {server.service_url}  "
+              f"metrics http://127.0.0.1:{server.http_port}/metrics  data {data}  (Ctrl-C stops)",
+              file=sys.stderr, flush=True)
+        print(f"STANDALONE_READY port={server.port} pid={os.getpid()} http_port={server.http_port}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            print("standalone: stopping broker and bookies", file=sys.stderr, flush=True)
+            await server.stop()
+    finally:
+        for proc in bookies:
+            proc.terminate()
+        for proc in bookies:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default="data/standalone", help="where everything is stored (default data/standalone)")
+    p.add_argument("--port", type=int, default=6600, help="broker gRPC port (default 6600; 0 = any free port)")
+    p.add_argument("--http-port", type=int, default=8080, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
+    p.add_argument("--bookies", type=int, default=2, help="number of bookies (default 2; Qw=Qa=min(2, N))")
+    p.add_argument("--cluster-name", default="standalone")
+    p.add_argument("--no-journal-sync", dest="journal_sync", action="store_false", default=True,
+                   help="bookies do not fsync before acknowledging (faster, less durable)")
+    p.add_argument("--deduplication", action="store_true", default=False,
+                   help="broker_deduplication_enabled for every namespace")
+    p.add_argument("--log-level", default="WARNING")
+
+
+def run_from_args(args) -> int:
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.bookies < 1:
+        print("standalone: --bookies must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+        return uvloop.run(run(args))
+    except ImportError:
+        return asyncio.run(run(args))
+    except OSError as exc:
+        print(f"standalone: cannot start: {exc}", file=sys.stderr)
+        return 1
