@@ -28,7 +28,7 @@ class BrokerConfig:
     max_message_size: int = 5 * 1024 * 1024                         # bytes
     dispatcher_max_read_batch_size: int = 100                       # entries per cursor read
     max_unacked_messages_per_consumer: int = 50000
-    subscription_key_shared_consistent_hashing: bool = False
+    enable_fault_injection: bool = False                            # tests: admin topics.inject_send_failure
     # geo-replication / replicated subscriptions
     replication_policy_check_duration_seconds: int = 600
     replication_producer_queue_size: int = 1000

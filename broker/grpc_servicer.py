@@ -19,7 +19,7 @@ from proto import broker_pb2_grpc
 from .service import admin
 from .service.broker_service import BrokerService
 from .service.consumer import Consumer, ConsumerWriter
-from .service.errors import InvalidArgument
+from .service.errors import InvalidArgument, ServiceNotReady
 from .service.seek import find_position_by_publish_time
 from .service.topic import DUP_POSITION
 
@@ -78,10 +78,16 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 if not req.HasField("sends"):
                     continue
                 for send in req.sends.sends:
+                    if producer.failed:
+                        # A replicator stream stores nothing after a failed send, so a later
+                        # entry never lands before an earlier one (exactly-once, Pulsar #26113).
+                        pending.append((send, ServiceNotReady("an earlier send of this replicator failed")))
+                        continue
                     try:
                         pending.append((send, topic.publish(producer, send)))
                     except Exception as exc:
                         pending.append((send, exc))
+                        producer.failed = producer.is_replicator
                 arrived.set()
 
         reader_task = asyncio.create_task(reader())
@@ -122,7 +128,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     name, _, message = details.partition(": ")
                     await context.write(pb.ProducerResponse(send_error=pb.SendError(
                         sequence_id=send.sequence_id, error=name, message=message)))
-                    if getattr(exc, "retriable", False):
+                    if getattr(exc, "retriable", False) or producer.is_replicator:
                         # Keep the order: the client reconnects and resends from this message on.
                         await abort_with(context, exc)
                         return

@@ -103,11 +103,12 @@ async def run(args) -> int:
             bdir.mkdir(exist_ok=True)
             bookies.append(start_bookie_process(bdir, port, args.journal_sync, data / f"bookie-{i}.log"))
         quorum = min(2, len(ports))
-        config = BrokerConfig(cluster_name=args.cluster_name, bookies=[f"127.0.0.1:{p}" for p in ports],
-                              data_dir=str(data / "broker"), broker_service_port=args.port,
-                              web_service_port=args.http_port, managed_ledger_default_ensemble_size=quorum,
-                              managed_ledger_default_write_quorum=quorum, managed_ledger_default_ack_quorum=quorum,
-                              broker_deduplication_enabled=args.deduplication)
+        base = BrokerConfig.from_toml(args.broker_config) if args.broker_config else BrokerConfig()
+        config = base.override(cluster_name=args.cluster_name, bookies=[f"127.0.0.1:{p}" for p in ports],
+                               data_dir=str(data / "broker"), broker_service_port=args.port,
+                               web_service_port=args.http_port, managed_ledger_default_ensemble_size=quorum,
+                               managed_ledger_default_write_quorum=quorum, managed_ledger_default_ack_quorum=quorum,
+                               broker_deduplication_enabled=args.deduplication or base.broker_deduplication_enabled)
         server = BrokerServer(config)
         await server.start()
         await ensure_namespace(server.service, "public", "default", [args.cluster_name])
@@ -145,6 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bookies do not fsync before acknowledging (faster, less durable)")
     p.add_argument("--deduplication", action="store_true", default=False,
                    help="broker_deduplication_enabled for every namespace")
+    p.add_argument("--broker-config", metavar="FILE.toml", default=None,
+                   help="extra broker settings (broker.conf names in snake_case)")
     p.add_argument("--log-level", default="WARNING")
 
 

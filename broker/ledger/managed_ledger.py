@@ -98,6 +98,7 @@ class ManagedLedger:
         self._rollover_task: Optional[asyncio.Task] = None
         self._read_handles: dict[int, LedgerHandle] = {}
         self._entries_added = asyncio.Event()
+        self._entries_waiters = 0  # wait_for_position calls waiting on _entries_added
         self._closed = False
         self._fenced: Optional[Exception] = None
         self._info_lock = asyncio.Lock()
@@ -220,30 +221,31 @@ class ManagedLedger:
         self._current_entries += 1
         self._current_size += len(data)
         try:
-            bk_future = handle.add_entry_nowait(data)
+            # Callback form of handle.add_entry_nowait: no bookie-level future and
+            # no extra event-loop round trip per entry.
+            handle._add_entry_cb(data, self._add_complete, (handle, data, fut))
         except BKException as exc:
             self._on_ledger_error(handle, exc)
             fut.set_exception(ManagedLedgerError(f"[{self.name}] add failed: {exc}"))
-            return
-        bk_future.add_done_callback(lambda f: self._add_complete(handle, data, fut, f))
 
-    def _add_complete(self, handle: LedgerHandle, data: bytes, fut: asyncio.Future, bk_future) -> None:
-        exc = bk_future.exception()
+    def _add_complete(self, ctx: tuple, entry_id: Optional[int], exc: Optional[BaseException]) -> None:
+        handle, data, fut = ctx
         if exc is not None:
             self._on_ledger_error(handle, exc)
             if not fut.done():
                 fut.set_exception(ManagedLedgerError(f"[{self.name}] add failed: {exc}"))
             return
-        pos = Position(handle.ledger_id, bk_future.result())
+        pos = Position(handle.ledger_id, entry_id)
         self.last_confirmed = pos
         self.entries_added_total += 1
         self.bytes_added_total += len(data)
         self.cache.insert(pos, data)
         if not fut.done():
             fut.set_result(pos)
-        ev = self._entries_added
-        self._entries_added = asyncio.Event()
-        ev.set()
+        if self._entries_waiters:
+            ev = self._entries_added
+            self._entries_added = asyncio.Event()
+            ev.set()
 
     def _on_ledger_error(self, handle: LedgerHandle, exc: BaseException) -> None:
         if isinstance(exc, LedgerFencedError):
@@ -441,10 +443,13 @@ class ManagedLedger:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
+            self._entries_waiters += 1
             try:
                 await asyncio.wait_for(ev.wait(), remaining)
             except asyncio.TimeoutError:
                 return False
+            finally:
+                self._entries_waiters -= 1
         return self.last_confirmed >= pos
 
     # ---- cursors --------------------------------------------------------

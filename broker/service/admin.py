@@ -331,6 +331,17 @@ async def _topics_set_repl(s: BrokerService, b: dict):
     return tp
 
 
+@verb("topics.inject_send_failure")
+async def _topics_inject(s: BrokerService, b: dict):
+    """Refuse the next ``count`` sends to a topic (only with enable_fault_injection)."""
+    if not s.config.enable_fault_injection:
+        from .errors import PreconditionFailed
+        raise PreconditionFailed("fault injection is off; start the broker with enable_fault_injection = true")
+    topic = await s.get_topic(_topic(b), create=True)
+    topic.fail_next_sends = need(b, "count", int)
+    return {"ok": True}
+
+
 @verb("brokers.health")
 async def _health(s: BrokerService, b: dict):
     return {"ok": True, "cluster": s.config.cluster_name, "topics": len(s.topics)}

@@ -13,6 +13,12 @@ For a send with ``(sequence_id, highest_sequence_id)``:
   answer an error so the client retries later);
 * otherwise **NotDup** and ``pushed = highest_sequence_id``.
 
+State is tracked for every producer; duplicates are *dropped* only when
+deduplication is enabled (namespace policy or ``broker_deduplication_enabled``)
+and always for replicator producers (``pulsar.repl.<cluster>``), whose
+sequence ids encode the source position: that is minipulsar's exactly-once
+geo-replication.
+
 Snapshots of ``persisted`` go into the ``pulsar.dedup`` cursor's properties
 every ``broker_deduplication_entries_interval`` entries; recovery loads the
 snapshot and replays the entries after it (``replay``).
@@ -29,10 +35,17 @@ class DedupStatus(enum.Enum):
     UNKNOWN = "Unknown"
 
 
+REPLICATOR_PREFIX = "pulsar.repl."
+
+
 class MessageDeduplication:
     """Dedup state of one topic. ``enabled`` may change at run time (namespace policy)."""
 
     CURSOR_NAME = "pulsar.dedup"
+
+    def drops_duplicates_of(self, producer_name: str) -> bool:
+        """Whether sends of this producer are checked (enabled, or a replicator)."""
+        return self.enabled or producer_name.startswith(REPLICATOR_PREFIX)
 
     def __init__(self, enabled: bool, snapshot_interval: int = 1000):
         self.enabled = enabled
@@ -44,11 +57,9 @@ class MessageDeduplication:
     def check(self, producer_name: str, sequence_id: int, highest_sequence_id: Optional[int] = None) -> DedupStatus:
         """Classify a send and, when NotDup, record it as pushed (``highest_sequence_id``
         defaults to ``sequence_id``)."""
-        if not self.enabled:
-            return DedupStatus.NOT_DUP
         highest = sequence_id if not highest_sequence_id or highest_sequence_id < sequence_id else highest_sequence_id
         pushed = self.highest_sequenced_pushed.get(producer_name)
-        if pushed is not None and sequence_id <= pushed:
+        if pushed is not None and sequence_id <= pushed and self.drops_duplicates_of(producer_name):
             persisted = self.highest_sequenced_persisted.get(producer_name, -1)
             return DedupStatus.DUP if sequence_id <= persisted else DedupStatus.UNKNOWN
         self.highest_sequenced_pushed[producer_name] = highest
@@ -56,8 +67,6 @@ class MessageDeduplication:
 
     def record_persisted(self, producer_name: str, highest_sequence_id: int) -> bool:
         """Note a stored entry; returns True when a snapshot is due."""
-        if not self.enabled:
-            return False
         if highest_sequence_id > self.highest_sequenced_persisted.get(producer_name, -1):
             self.highest_sequenced_persisted[producer_name] = highest_sequence_id
         self.entries_since_snapshot += 1

@@ -40,6 +40,7 @@ class BrokerProducer:
         self.bytes_in_counter = 0
         self.connected_since_ms = int(time.time() * 1000)
         self.closed = False
+        self.failed = False    # a replicator stream stops storing after a failed send
 
 
 class PersistentTopic:
@@ -60,6 +61,8 @@ class PersistentTopic:
         self.marker_positions: list[Position] = []     # markers written, to exclude them from backlog figures
         self.closed = False
         self.replicators: dict[str, object] = {}        # remote cluster -> replicator (geo-replication)
+        self.message_ttl_seconds = 0                     # namespace policy; replicators skip expired entries
+        self.fail_next_sends = 0                         # fault injection (enable_fault_injection)
 
     @property
     def full_name(self) -> str:
@@ -75,17 +78,13 @@ class PersistentTopic:
 
     # ---- deduplication ----------------------------------------------------
     async def set_dedup_enabled(self, enabled: bool, force: bool = False) -> None:
-        """Turn deduplication on (recovering snapshot + replaying the tail) or off
-        (dropping its cursor so it does not hold back trimming)."""
-        if enabled == self.dedup.enabled and not force:
-            return
+        """Drop duplicates of normal producers or not. The state (and the
+        ``pulsar.dedup`` cursor holding its snapshots) is kept either way, since
+        replicator producers are always deduplicated (exactly-once replication)."""
         self.dedup.enabled = enabled
-        name = MessageDeduplication.CURSOR_NAME
-        if not enabled:
-            if name in self.ml.cursors:
-                await self.ml.delete_cursor(name)
-            self._dedup_cursor = None
+        if self._dedup_cursor is not None and not force:
             return
+        name = MessageDeduplication.CURSOR_NAME
         cursor = await self.ml.open_cursor(name, initial_position="latest")
         self._dedup_cursor = cursor
         replayed = []
@@ -99,12 +98,13 @@ class PersistentTopic:
                     md = peek_metadata(e.data)
                 except CorruptedMessage:
                     continue
-                if md.HasField("marker_type"):
+                if md.HasField("marker_type") and not md.producer_name:
                     continue
                 replayed.append((md.producer_name, max(md.sequence_id, md.highest_sequence_id)))
-        self.dedup.load(cursor.properties, replayed)
-        log.info("[%s] deduplication enabled: %d producers known, %d entries replayed",
-                 self.name, len(self.dedup.highest_sequenced_persisted), len(replayed))
+        self.dedup.load({k: v for k, v in cursor.properties.items()}, replayed)
+        if replayed:
+            log.info("[%s] deduplication state: %d producers known, %d entries replayed",
+                     self.name, len(self.dedup.highest_sequenced_persisted), len(replayed))
 
     def _dedup_snapshot(self, position: Position) -> None:
         cursor = self._dedup_cursor
@@ -135,13 +135,16 @@ class PersistentTopic:
             del self.producers[producer.name]
 
     def last_sequence_id(self, producer_name: str) -> int:
-        return self.dedup.last_sequence_id(producer_name) if self.dedup.enabled else -1
+        return self.dedup.last_sequence_id(producer_name)
 
     def publish(self, producer: BrokerProducer, send: pb.Send) -> "asyncio.Future[Position]":
         """Store one Send (one entry); returns a future of its Position, or
         DUP_POSITION (-1:-1) for a duplicate. Raises MessageTooBig,
         CorruptedMessage, ServiceNotReady (dedup state unknown: retry)."""
         data = send.headers_and_payload
+        if self.fail_next_sends > 0:
+            self.fail_next_sends -= 1
+            raise ServiceNotReady(f"{self.name}: injected send failure (enable_fault_injection)")
         if len(data) > self.config.max_message_size:
             raise MessageTooBig(f"message of {len(data)} bytes exceeds max_message_size="
                                 f"{self.config.max_message_size} on {self.name}; enable chunking or send smaller")
@@ -169,6 +172,7 @@ class PersistentTopic:
         def done(f: asyncio.Future) -> None:
             exc = f.exception()
             if exc is not None:
+                producer.failed = producer.is_replicator
                 self.dedup.record_failed(producer.name)
                 result.set_exception(ServiceNotReady(f"{self.name}: storing failed ({exc}); retry"))
                 return
@@ -185,6 +189,11 @@ class PersistentTopic:
 
         ml_future.add_done_callback(done)
         return result
+
+    def on_replicated_marker(self, replicator, entry, metadata) -> bool:
+        """Whether a marker entry goes to ``replicator``'s remote (replicated
+        subscriptions hook in here); by default markers follow replicate_to."""
+        return True
 
     # ---- subscriptions --------------------------------------------------
     async def subscribe(self, sub: pb.Subscribe, consumer: Consumer) -> Subscription:

@@ -29,7 +29,12 @@ def test_failed_add_allows_retry_and_snapshot_reload():
     assert e.check("r", 3) is DedupStatus.NOT_DUP
 
 
-def test_disabled_never_drops():
+def test_disabled_never_drops_but_replicators_always_dedup():
     d = MessageDeduplication(enabled=False)
     assert d.check("p", 0) is DedupStatus.NOT_DUP
+    d.record_persisted("p", 0)
     assert d.check("p", 0) is DedupStatus.NOT_DUP
+    assert d.last_sequence_id("p") == 0          # tracked even when off
+    assert d.check("pulsar.repl.a", 5) is DedupStatus.NOT_DUP
+    d.record_persisted("pulsar.repl.a", 5)
+    assert d.check("pulsar.repl.a", 5) is DedupStatus.DUP

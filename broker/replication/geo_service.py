@@ -1,0 +1,166 @@
+"""BrokerService with geo-replication (Pulsar's PersistentTopic.checkReplication /
+startReplicator / removeReplicator, BrokerService.checkReplicationPolicies).
+
+The replication clusters of a topic are the topic-level policy if set, else its
+namespace's ``replication_clusters``. Policy changes take effect without a
+restart: a metadata watch on ``/admin`` plus a periodic check
+(``replication_policy_check_duration_seconds``) start replicators for new
+remote clusters and stop removed ones. A topic whose namespace no longer lists
+the local cluster is deleted, with a log line saying why. On start, topics of
+replicated namespaces are loaded so their backlog replicates without waiting
+for a client.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Optional
+
+import grpc
+
+from broker.service.broker_service import BrokerService
+from broker.service.errors import NotFound
+from broker.service.resources import Policies
+from broker.service.topic import PersistentTopic
+from proto import broker_pb2 as pb
+from proto import broker_pb2_grpc
+
+from .replicator import GRPC_OPTIONS, Replicator, target
+
+log = logging.getLogger(__name__)
+
+
+class GeoBrokerService(BrokerService):
+    """BrokerService that runs replicators for its topics."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._policy_task: Optional[asyncio.Task] = None
+        self._unwatch = None
+        self._check_pending: Optional[asyncio.Task] = None
+
+    async def start(self) -> None:
+        await super().start()
+        self._unwatch = self.metadata.watch(self._on_metadata_change, prefix="/admin")
+        self._policy_task = asyncio.create_task(self._policy_loop())
+        asyncio.create_task(self._load_replicated_topics())
+
+    async def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+        if self._policy_task is not None:
+            self._policy_task.cancel()
+        await super().close()
+
+    # ---- policy plumbing --------------------------------------------------
+    def _on_metadata_change(self, notification) -> None:
+        if self._check_pending is None or self._check_pending.done():
+            self._check_pending = asyncio.create_task(self._check_all_soon())
+
+    async def _check_all_soon(self) -> None:
+        await asyncio.sleep(0.05)  # coalesce bursts of admin writes
+        await self.check_all_topics()
+
+    async def _policy_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.replication_policy_check_duration_seconds)
+            await self.check_all_topics()
+
+    async def check_all_topics(self) -> None:
+        for topic in list(self.topics.values()):
+            try:
+                await self.check_replication(topic)
+            except Exception as exc:
+                log.warning("[%s] replication check failed: %s", topic.name, exc)
+
+    async def on_policies_changed(self, namespace: str, policies: Policies) -> None:
+        for topic in list(self.topics.values()):
+            if topic.name.namespace == namespace:
+                await self.check_replication(topic, policies)
+
+    async def on_cluster_deleted(self, name: str) -> None:
+        """Close the replicators to a deleted cluster (Pulsar's handleDeleteCluster)."""
+        for topic in list(self.topics.values()):
+            rep = topic.replicators.pop(name, None)
+            if rep is not None:
+                await rep.close()
+
+    async def on_topic_loaded(self, topic: PersistentTopic, policies: Policies) -> None:
+        await self.check_replication(topic, policies)
+
+    async def replication_clusters(self, topic: PersistentTopic, policies: Optional[Policies] = None) -> list[str]:
+        policies = policies or await self.resources.get_policies(topic.name.namespace)
+        tp = await self.resources.get_topic_policies(topic.name.partitioned_topic_name.persistence_naming)
+        topic.message_ttl_seconds = policies.message_ttl_in_seconds
+        return list(tp.get("replication_clusters") or policies.replication_clusters)
+
+    async def check_replication(self, topic: PersistentTopic, policies: Optional[Policies] = None) -> None:
+        """Start/stop replicators so they match the topic's replication clusters."""
+        if topic.closed:
+            return
+        try:
+            clusters = await self.replication_clusters(topic, policies)
+        except NotFound:
+            return
+        local = self.config.cluster_name
+        if clusters and local not in clusters:
+            log.warning("[%s] deleting topic: its replication clusters %s no longer include the local cluster %s",
+                        topic.name, clusters, local)
+            self.topics.pop(str(topic.name), None)
+            await topic.delete()
+            return
+        remotes = [c for c in clusters if c != local]
+        for remote in remotes:
+            try:
+                url = (await self.resources.get_cluster(remote))["service_url"]
+            except NotFound:
+                log.warning("[%s] replication cluster %s is not registered here; skipping", topic.name, remote)
+                continue
+            rep = topic.replicators.get(remote)
+            if rep is not None and rep.remote_url == url:
+                continue
+            if rep is not None:
+                await rep.close()
+            if topic.name.is_partition:
+                await self._ensure_remote_partitions(topic, url)
+            rep = Replicator(topic, local, remote, url, self.config.replication_producer_queue_size)
+            topic.replicators[remote] = rep
+            await rep.start()
+        for remote in [r for r in topic.replicators if r not in remotes]:
+            rep = topic.replicators.pop(remote)
+            log.info("[%s][%s -> %s] stopping replicator: cluster removed from the policy", topic.name, local, remote)
+            await rep.close(delete_cursor=True)
+
+    async def _ensure_remote_partitions(self, topic: PersistentTopic, url: str) -> None:
+        """Create the partitioned topic on the remote with the same partition count
+        (createTopicToRemoteClusterForReplication)."""
+        parent = topic.name.partitioned_topic_name
+        partitions = await self.resources.get_partitions(parent.persistence_naming)
+        if partitions <= 0:
+            return
+        async with grpc.aio.insecure_channel(target(url), options=GRPC_OPTIONS) as channel:
+            stub = broker_pb2_grpc.PulsarBrokerStub(channel)
+            try:
+                await stub.Admin(pb.AdminRequest(method="topics.create_partitioned",
+                                                 body_json=json.dumps({"topic": str(parent), "partitions": partitions})),
+                                 timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+                    log.warning("[%s] creating the partitioned topic on %s failed: %s", parent, url, exc.details())
+
+    async def _load_replicated_topics(self) -> None:
+        """Load every topic of namespaces replicated to other clusters."""
+        try:
+            for tenant in await self.resources.list_tenants():
+                for ns in await self.resources.list_namespaces(tenant):
+                    policies = await self.resources.get_policies(ns)
+                    if not [c for c in policies.replication_clusters if c != self.config.cluster_name]:
+                        continue
+                    for name in await self.metadata.get_children(f"/managed-ledgers/{ns}/persistent"):
+                        try:
+                            await self.get_topic(f"persistent://{ns}/{name}", create=False)
+                        except Exception as exc:
+                            log.warning("loading %s/%s for replication failed: %s", ns, name, exc)
+        except Exception as exc:
+            log.warning("loading replicated topics failed: %s", exc)

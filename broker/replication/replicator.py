@@ -1,0 +1,292 @@
+"""One replicator per (topic, remote cluster) (Pulsar's ``PersistentReplicator``).
+
+* A durable cursor ``pulsar.repl.<remote>`` on the local topic marks what was
+  replicated.
+* An internal producer to the remote broker (raw Produce stream, producer name
+  ``pulsar.repl.<local>``, ``is_replicator``) sends whole entries: the payload
+  is not touched, only ``replicated_from`` and the source position are set in
+  the metadata (``with_metadata``).
+* Per entry (PersistentReplicator.readEntriesComplete + replicateEntries):
+  unparsable -> logged and skipped; ``replicated_from`` set -> not forwarded
+  (loop prevention); ``replicate_to`` excluding the remote -> skipped; older
+  than the namespace message TTL -> skipped (expired). Skipped entries are
+  acknowledged on the cursor.
+* Reads are bounded by producer permits (queue of
+  ``replication_producer_queue_size``; reading resumes below 90%) and by the
+  dispatch rate (msgs/s and bytes/s).
+* On a send receipt the position is deleted from the cursor; on any error the
+  producer is closed, the cursor rewinds to its mark-delete position and the
+  producer reconnects with exponential backoff.
+
+Exactly once, beyond Pulsar: each Send's sequence id is the source position
+``ledger_id << 32 | entry_id``, and the remote always deduplicates replicator
+producers (``MessageDeduplication``), durably, so re-sent entries after
+rewinds, reconnects or restarts are dropped there (answered -1:-1). The
+remote stops accepting a replicator stream's sends after a failed one, so a
+later entry is never stored before an earlier failed one (Pulsar #26113).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Optional
+
+import grpc
+
+from broker.ledger.position import Entry, Position
+from client.entry_format import peek_metadata, with_metadata
+from client.errors import CorruptedMessage
+from proto import broker_pb2 as pb
+from proto import broker_pb2_grpc
+
+if TYPE_CHECKING:
+    from broker.service.topic import PersistentTopic
+
+log = logging.getLogger(__name__)
+
+REPL_CURSOR_PREFIX = "pulsar.repl."
+GRPC_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
+def position_sequence_id(pos: Position) -> int:
+    """The replicator's sequence id of a source position: ``ledger << 32 | entry``."""
+    return (pos.ledger_id << 32) | pos.entry_id
+
+
+def target(url: str) -> str:
+    """``minipulsar://host:port`` -> ``host:port``."""
+    if not url.startswith("minipulsar://"):
+        raise ValueError(f"invalid service URL {url!r}")
+    return url[len("minipulsar://"):]
+
+
+class RateLimiter:
+    """Token bucket per second for messages and bytes (dispatch_rate); <= 0 = unlimited."""
+
+    def __init__(self, msgs_per_s: float = 0, bytes_per_s: float = 0):
+        self.msgs_per_s = msgs_per_s
+        self.bytes_per_s = bytes_per_s
+        self._window_start = time.monotonic()
+        self._msgs = 0
+        self._bytes = 0
+
+    async def acquire(self, msgs: int, nbytes: int) -> None:
+        if self.msgs_per_s <= 0 and self.bytes_per_s <= 0:
+            return
+        while True:
+            now = time.monotonic()
+            if now - self._window_start >= 1.0:
+                self._window_start, self._msgs, self._bytes = now, 0, 0
+            over_m = self.msgs_per_s > 0 and self._msgs >= self.msgs_per_s
+            over_b = self.bytes_per_s > 0 and self._bytes >= self.bytes_per_s
+            if not (over_m or over_b):
+                self._msgs += msgs
+                self._bytes += nbytes
+                return
+            await asyncio.sleep(max(0.001, self._window_start + 1.0 - now))
+
+
+class Replicator:
+    """Replicates one local topic to ``remote_cluster`` at ``remote_url``."""
+
+    def __init__(self, topic: "PersistentTopic", local_cluster: str, remote_cluster: str, remote_url: str,
+                 queue_size: int = 1000, dispatch_rate: tuple[float, float] = (0, 0)):
+        self.topic = topic
+        self.local_cluster = local_cluster
+        self.remote_cluster = remote_cluster
+        self.remote_url = remote_url
+        self.queue_size = queue_size
+        self.limiter = RateLimiter(*dispatch_rate)
+        self.cursor = None
+        self.connected = False
+        self.msg_out_counter = 0
+        self.bytes_out_counter = 0
+        self.msg_expired_counter = 0
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+        self._channel = None
+        self._last_rate_time = time.monotonic()
+        self._last_rate_counters = (0, 0)
+        self._rates = (0.0, 0.0)
+        self._oldest_pending_publish_ms: Optional[int] = None
+        self.log_prefix = f"[{topic.name}][{local_cluster} -> {remote_cluster}]"
+
+    @property
+    def cursor_name(self) -> str:
+        return REPL_CURSOR_PREFIX + self.remote_cluster
+
+    async def start(self) -> None:
+        self.cursor = await self.topic.ml.open_cursor(self.cursor_name, initial_position="earliest")
+        self._task = asyncio.create_task(self._run())
+        log.info("%s replicator started", self.log_prefix)
+
+    async def close(self, delete_cursor: bool = False) -> None:
+        """Stop replicating (and drop the cursor when the remote was removed)."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._channel is not None:
+            await self._channel.close()
+        if delete_cursor and not self.topic.ml._closed:
+            await self.topic.ml.delete_cursor(self.cursor_name)
+        self.connected = False
+
+    # ---- main loop ------------------------------------------------------
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            try:
+                await self._replicate_session()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.connected = False
+                log.warning("%s replication interrupted: %s; rewinding and retrying in %.1fs",
+                            self.log_prefix, exc, backoff)
+            self.connected = False
+            self.cursor.rewind()
+            if self._closed:
+                return
+            await asyncio.sleep(backoff * (0.8 + 0.4 * random.random()))
+            backoff = min(backoff * 2, 30.0)
+
+    async def _replicate_session(self) -> None:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(target(self.remote_url), options=GRPC_OPTIONS)
+        stub = broker_pb2_grpc.PulsarBrokerStub(self._channel)
+        call = stub.Produce()
+        await call.write(pb.ProducerRequest(create=pb.CreateProducer(
+            topic=str(self.topic.name), producer_name=REPL_CURSOR_PREFIX + self.local_cluster, is_replicator=True)))
+        first = await call.read()
+        if first is grpc.aio.EOF or not first.HasField("success"):
+            raise ConnectionError("remote did not accept the replicator producer")
+        self.connected = True
+        log.info("%s replicator producer connected", self.log_prefix)
+        in_flight: collections.deque[tuple[Position, int]] = collections.deque()   # (position, publish_time)
+        space = asyncio.Event()
+        space.set()
+        failure: list[BaseException] = []
+
+        async def receipts():
+            try:
+                while True:
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        raise ConnectionError("remote closed the replicator stream")
+                    if resp.HasField("send_error"):
+                        raise ConnectionError(f"remote refused entry with sequence id {resp.send_error.sequence_id}: "
+                                              f"{resp.send_error.error}: {resp.send_error.message}")
+                    done = []
+                    for r in resp.receipts.receipts:
+                        pos, _ = in_flight.popleft()
+                        if position_sequence_id(pos) != r.sequence_id:
+                            raise ConnectionError(f"receipt for {r.sequence_id} does not match head {pos}")
+                        done.append(pos)
+                    if done:
+                        self.cursor.delete_nowait(done)
+                    self._oldest_pending_publish_ms = in_flight[0][1] if in_flight else None
+                    if len(in_flight) < self.queue_size * 0.9:
+                        space.set()
+            except BaseException as exc:  # noqa: BLE001 - surface to the session
+                failure.append(exc)
+                space.set()
+
+        receipt_task = asyncio.create_task(receipts())
+        try:
+            while not self._closed:
+                if failure:
+                    raise failure[0]
+                if len(in_flight) >= self.queue_size:
+                    space.clear()
+                    await space.wait()
+                    continue
+                n = min(100, self.queue_size - len(in_flight))
+                entries = await self.cursor.read_entries_or_wait(n, timeout=0.5)
+                if failure:
+                    raise failure[0]
+                sends = []
+                skipped: list[Position] = []
+                for entry in entries:
+                    prepared = self._prepare(entry)
+                    if prepared is None:
+                        skipped.append(entry.position)
+                        continue
+                    data, publish_time, n_msgs = prepared
+                    await self.limiter.acquire(n_msgs, len(data))
+                    seq = position_sequence_id(entry.position)
+                    sends.append(pb.Send(sequence_id=seq, highest_sequence_id=seq, num_messages=n_msgs,
+                                         headers_and_payload=data))
+                    in_flight.append((entry.position, publish_time))
+                    self.msg_out_counter += n_msgs
+                    self.bytes_out_counter += len(data)
+                if skipped:
+                    self.cursor.delete_nowait(skipped)
+                if sends:
+                    if self._oldest_pending_publish_ms is None:
+                        self._oldest_pending_publish_ms = in_flight[0][1]
+                    await call.write(pb.ProducerRequest(sends=pb.SendBatch(sends=sends)))
+        finally:
+            receipt_task.cancel()
+            call.cancel()
+            self._oldest_pending_publish_ms = None
+
+    def _prepare(self, entry: Entry) -> Optional[tuple[bytes, int, int]]:
+        """Apply the per-entry rules; returns (entry bytes to send, publish time ms,
+        message count) or None when the entry is not to be replicated."""
+        try:
+            md = peek_metadata(entry.data)
+        except CorruptedMessage as exc:
+            log.error("%s skipping unparsable entry %s: %s", self.log_prefix, entry.position, exc)
+            return None
+        if md.HasField("replicated_from"):
+            return None
+        if md.replicate_to and self.remote_cluster not in md.replicate_to:
+            return None
+        if not md.HasField("marker_type"):
+            ttl = self.topic.message_ttl_seconds
+            if ttl > 0 and md.publish_time and md.publish_time < (time.time() - ttl) * 1000:
+                self.msg_expired_counter += 1
+                return None
+        elif not self.topic.on_replicated_marker(self, entry, md):
+            return None
+        local, pos = self.local_cluster, entry.position
+
+        def mark(m):
+            m.replicated_from = local
+            m.replicated_source_ledger_id = pos.ledger_id
+            m.replicated_source_entry_id = pos.entry_id
+
+        try:
+            data = with_metadata(entry.data, mark)
+        except CorruptedMessage as exc:
+            log.error("%s skipping corrupt entry %s: %s", self.log_prefix, entry.position, exc)
+            return None
+        n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+        return data, md.publish_time, max(1, n)
+
+    # ---- figures --------------------------------------------------------
+    def stats(self) -> dict:
+        """ReplicatorStats with Pulsar's names."""
+        now = time.monotonic()
+        elapsed = now - self._last_rate_time
+        if elapsed >= 1.0:
+            m, b = self.msg_out_counter, self.bytes_out_counter
+            self._rates = ((m - self._last_rate_counters[0]) / elapsed, (b - self._last_rate_counters[1]) / elapsed)
+            self._last_rate_time, self._last_rate_counters = now, (m, b)
+        backlog = self.cursor.number_of_entries_in_backlog() if self.cursor is not None else 0
+        delay = 0.0
+        if self._oldest_pending_publish_ms:
+            delay = max(0.0, time.time() - self._oldest_pending_publish_ms / 1000.0)
+        return {"replicationBacklog": backlog, "msgRateOut": self._rates[0], "msgThroughputOut": self._rates[1],
+                "msgOutCounter": self.msg_out_counter, "msgExpiredCounter": self.msg_expired_counter,
+                "replicationDelayInSeconds": delay, "connected": self.connected,
+                "remoteServiceUrl": self.remote_url}
