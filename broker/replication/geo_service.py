@@ -87,7 +87,9 @@ class GeoBrokerService(BrokerService):
                 await rep.close()
 
     async def on_topic_loaded(self, topic: PersistentTopic, policies: Policies) -> None:
-        await self.check_replication(topic, policies)
+        # A topic is only deleted on a policy change, not when loaded: each cluster
+        # keeps its own policies, and a remote's replicator may arrive first.
+        await self.check_replication(topic, policies, allow_delete=False)
 
     async def replication_clusters(self, topic: PersistentTopic, policies: Optional[Policies] = None) -> list[str]:
         policies = policies or await self.resources.get_policies(topic.name.namespace)
@@ -95,7 +97,8 @@ class GeoBrokerService(BrokerService):
         topic.message_ttl_seconds = policies.message_ttl_in_seconds
         return list(tp.get("replication_clusters") or policies.replication_clusters)
 
-    async def check_replication(self, topic: PersistentTopic, policies: Optional[Policies] = None) -> None:
+    async def check_replication(self, topic: PersistentTopic, policies: Optional[Policies] = None,
+                                allow_delete: bool = True) -> None:
         """Start/stop replicators so they match the topic's replication clusters."""
         if topic.closed:
             return
@@ -105,6 +108,10 @@ class GeoBrokerService(BrokerService):
             return
         local = self.config.cluster_name
         if clusters and local not in clusters:
+            if not allow_delete:
+                log.warning("[%s] the local cluster %s is not in the replication clusters %s of %s",
+                            topic.name, local, clusters, topic.name.namespace)
+                return
             log.warning("[%s] deleting topic: its replication clusters %s no longer include the local cluster %s",
                         topic.name, clusters, local)
             self.topics.pop(str(topic.name), None)
