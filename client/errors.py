@@ -223,3 +223,51 @@ def to_status(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, PulsarException):
         return exc.grpc_code, f"{type(exc).__name__}: {exc.message}"
     return "INTERNAL", f"PulsarException: {type(exc).__name__}: {exc}"
+
+
+# ---- appended for the producer and the admin client (classes the broker may name) ----
+
+class NotFound(PulsarException):
+    """Raised by admin calls when the cluster, tenant, namespace, subscription
+    or other resource named in the request does not exist."""
+
+    grpc_code = "NOT_FOUND"
+    default_message = "resource not found: check the name, or create it first with minipulsar-admin"
+
+
+class AlreadyExists(PulsarException):
+    """Raised by admin calls creating a cluster, tenant, namespace or topic that
+    already exists."""
+
+    grpc_code = "ALREADY_EXISTS"
+    default_message = "resource already exists: use another name, or delete it first"
+
+
+class PreconditionFailed(PulsarException):
+    """Raised by admin calls whose precondition does not hold, e.g. deleting a
+    tenant that still has namespaces or a topic that still has subscribers."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_message = "precondition failed: the resource is in use or in the wrong state; see the message"
+
+
+class ServiceNotReady(PulsarException):
+    """Raised when the broker cannot serve the request right now (topic being
+    loaded or unloaded, bookies unavailable); the client retries with backoff."""
+
+    grpc_code = "UNAVAILABLE"
+    retriable = True
+    default_message = "broker not ready for this topic; the client retries, or retry later"
+
+
+class InvalidArgument(PulsarException):
+    """Raised for a malformed request (admin body with a missing field or a
+    wrong type, unknown admin verb)."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    default_message = "invalid request: check the command's arguments"
+
+
+__all__ += ["NotFound", "AlreadyExists", "PreconditionFailed", "ServiceNotReady", "InvalidArgument"]
+_BY_NAME.update({cls.__name__: cls for cls in (NotFound, AlreadyExists, PreconditionFailed, ServiceNotReady,
+                                               InvalidArgument)})

@@ -147,3 +147,64 @@ async def read_all(cluster: Cluster, topic: str, expect: int, timeout_s: float =
     finally:
         call.cancel()
     return out
+
+
+class RawConsumer:
+    """A consumer over the raw Consume stream (durable, Exclusive by default)."""
+
+    def __init__(self, cluster: Cluster, topic: str, subscription: str, replicated: bool = True,
+                 sub_type=pb.Exclusive, initial=pb.Earliest):
+        self.cluster, self.topic, self.subscription = cluster, topic, subscription
+        self.replicated, self.sub_type, self.initial = replicated, sub_type, initial
+        self.call = None
+        self.buffer = []
+        self._req = 0
+
+    async def start(self, permits: int = 100000):
+        self.call = self.cluster.stub().Consume()
+        await self.call.write(pb.ConsumerRequest(subscribe=pb.Subscribe(
+            topic=self.topic, subscription=self.subscription, sub_type=self.sub_type,
+            initial_position=self.initial, durable=True, replicate_subscription_state=self.replicated)))
+        first = await self.call.read()
+        assert first.HasField("subscribed"), first
+        await self.call.write(pb.ConsumerRequest(flow=pb.Flow(permits=permits)))
+        return self
+
+    async def receive(self, n: int, timeout_s: float = 20.0):
+        """Next n messages: [(position, md, payload)]."""
+        import asyncio
+        import time
+
+        from client.batching import parse_batch
+        from client.entry_format import decode_entry
+
+        deadline = time.monotonic() + timeout_s
+        while len(self.buffer) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                resp = await asyncio.wait_for(self.call.read(), remaining)
+            except asyncio.TimeoutError:
+                break
+            if resp.HasField("messages"):
+                for e in resp.messages.entries:
+                    md, payload = decode_entry(e.headers_and_payload)
+                    for _, data in parse_batch(md, bytes(payload)):
+                        self.buffer.append((e.position, md, data))
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    async def ack_cumulative(self, position):
+        self._req += 1
+        await self.call.write(pb.ConsumerRequest(ack=pb.Ack(ack_type=pb.Cumulative, request_id=self._req, positions=[
+            pb.AckPosition(ledger_id=position.ledger_id, entry_id=position.entry_id)])))
+
+    async def ack(self, positions):
+        self._req += 1
+        await self.call.write(pb.ConsumerRequest(ack=pb.Ack(ack_type=pb.Individual, request_id=self._req, positions=[
+            pb.AckPosition(ledger_id=p.ledger_id, entry_id=p.entry_id) for p in positions])))
+
+    def close(self):
+        if self.call is not None:
+            self.call.cancel()

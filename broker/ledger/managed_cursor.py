@@ -101,7 +101,8 @@ class ManagedCursor:
     async def open_or_create(cls, ml: "ManagedLedger", name: str, initial_position: str = "latest",
                              properties: Optional[dict[str, int]] = None) -> "ManagedCursor":
         """Recover cursor ``name`` if it exists, else create it at ``initial_position``
-        ("latest": after the last confirmed entry; "earliest": before the first)."""
+        ("latest": after the last confirmed entry; "earliest": before the first; a
+        Position: that mark-delete position)."""
         cursor = cls(ml, name, durable=True)
         if await ml.metadata.exists(cursor.path):
             return await cls.recover(ml, name)
@@ -110,8 +111,10 @@ class ManagedCursor:
             cursor.mark_delete_position = Position(first.ledger_id, first.entry_id - 1)
         elif initial_position == "latest":
             cursor.mark_delete_position = ml.last_confirmed
+        elif isinstance(initial_position, tuple) and len(initial_position) == 2:
+            cursor.mark_delete_position = min(Position(*initial_position), ml.last_confirmed)
         else:
-            raise ValueError(f"initial_position must be 'latest' or 'earliest', got {initial_position!r}")
+            raise ValueError(f"initial_position must be 'latest', 'earliest' or a Position, got {initial_position!r}")
         cursor.properties = dict(properties or {})
         cursor.read_position = ml.next_position(cursor.mark_delete_position)
         await cursor._write_info(create=True)
@@ -263,19 +266,41 @@ class ManagedCursor:
         Positions at or below the mark-delete position are ignored; positions beyond
         the last confirmed entry raise InvalidMarkDeletePosition."""
         last = self.ml.last_confirmed
+        mark_delete = self.mark_delete_position
+        batch_deleted = self.batch_deleted if not self.batch_deleted.is_empty() else None
         changed = False
+        # Runs of consecutive entries (acks usually come sorted) go into the range
+        # set as one add_range each: no per-position work there for in-order acks.
+        run_ledger = run_first = run_last = None
         for pos in positions:
-            pos = Position(*pos)
+            if type(pos) is not Position:
+                pos = Position(*pos)
             if pos > last:
+                if run_ledger is not None:  # as before: what preceded stays applied in memory
+                    self._ack_run(run_ledger, run_first, run_last)
                 raise InvalidMarkDeletePosition(f"cannot acknowledge {pos}: beyond last entry {last} of {self.ml.name}")
-            if pos <= self.mark_delete_position:
+            if pos <= mark_delete:
                 continue
-            if self.individual_deleted.add(pos.ledger_id, pos.entry_id):
-                changed = True
-            self.batch_deleted.remove(pos)
+            ledger_id, entry_id = pos
+            if ledger_id == run_ledger and entry_id == run_last + 1:
+                run_last = entry_id
+            else:
+                if run_ledger is not None and self._ack_run(run_ledger, run_first, run_last):
+                    changed = True
+                run_ledger, run_first, run_last = ledger_id, entry_id, entry_id
+            if batch_deleted is not None:
+                batch_deleted.remove(pos)
+        if run_ledger is not None and self._ack_run(run_ledger, run_first, run_last):
+            changed = True
         if changed:
             self._advance_mark_delete()
         return self._schedule_persist() if changed else self._done()
+
+    def _ack_run(self, ledger_id: int, first: int, last: int) -> bool:
+        """Add entries first..last of a ledger to individual_deleted; True if any was new."""
+        if first == last:
+            return self.individual_deleted.add(ledger_id, first)
+        return self.individual_deleted.add_range(ledger_id, first, last) > 0
 
     async def delete(self, positions: Iterable[Position]) -> None:
         """Acknowledge individual positions and wait until durable."""

@@ -26,6 +26,7 @@ from broker.service.topic import PersistentTopic
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
 
+from .controller import ReplicatedSubscriptionsController
 from .replicator import GRPC_OPTIONS, Replicator, target
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,12 @@ class GeoBrokerService(BrokerService):
             rep = topic.replicators.pop(remote)
             log.info("[%s][%s -> %s] stopping replicator: cluster removed from the policy", topic.name, local, remote)
             await rep.close(delete_cursor=True)
+        if topic.replicators and self.config.enable_replicated_subscriptions and topic.controller is None:
+            topic.controller = ReplicatedSubscriptionsController(topic, local, self.config)
+            topic.controller.start()
+        elif not topic.replicators and topic.controller is not None:
+            await topic.controller.close()
+            topic.controller = None
 
     async def _ensure_remote_partitions(self, topic: PersistentTopic, url: str) -> None:
         """Create the partitioned topic on the remote with the same partition count

@@ -248,6 +248,10 @@ class Replicator:
             log.error("%s skipping unparsable entry %s: %s", self.log_prefix, entry.position, exc)
             return None
         if md.HasField("replicated_from"):
+            # Never forwarded (loop prevention); markers from this replicator's
+            # remote drive the replicated-subscription protocol here.
+            if md.HasField("marker_type") and md.replicated_from == self.remote_cluster:
+                self.topic.received_replicated_marker(self.remote_cluster, entry, md)
             return None
         if md.replicate_to and self.remote_cluster not in md.replicate_to:
             return None

@@ -187,5 +187,6 @@ class BrokerService:
                                           "msgRateRedeliver": max(0, red - p[2]) / elapsed}
                 sub_counters[sname] = (out, out_b, red)
             rates[name] = t_rates
+            topic.prune_marker_positions()
             self._last_counters[name] = (topic.msg_in_counter, topic.bytes_in_counter, sub_counters)
         self.rates = rates

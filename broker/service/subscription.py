@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Awaitable, Optional
 
 from broker.ledger.managed_cursor import InvalidMarkDeletePosition, ManagedCursor
 from broker.ledger.position import Entry, Position
@@ -38,8 +38,8 @@ class Subscription:
         self.dispatcher: Optional[Dispatcher] = None
         self.consumers: list[Consumer] = []
         self.redelivery_counts: dict[Position, int] = {}
-        self.marker_listeners: list[Callable[["Subscription", Entry, object], None]] = []
         self.msg_acked_counter = 0
+        self.snapshot_cache = None    # PIP-33 ReplicatedSubscriptionSnapshotCache, when replicated
 
     @property
     def replicated(self) -> bool:
@@ -101,6 +101,7 @@ class Subscription:
         Raises NotAllowed (cumulative ack on Shared/Key_Shared) or InvalidArgument
         (a position beyond the topic's last entry)."""
         futures = []
+        md_before = self.cursor.mark_delete_position
         try:
             if ack.ack_type == pb.Cumulative:
                 if self.sub_type in (pb.Shared, pb.Key_Shared):
@@ -140,6 +141,8 @@ class Subscription:
             raise InvalidArgument(str(exc)) from None
         except ValueError as exc:
             raise InvalidArgument(f"invalid acknowledgment: {exc}") from None
+        if self.cursor.mark_delete_position != md_before:
+            self._mark_delete_moved()
         if self.dispatcher is not None:
             self.dispatcher.wake()
         return asyncio.gather(*futures)
@@ -160,9 +163,45 @@ class Subscription:
             self.dispatcher.redeliver(positions)
 
     def on_marker(self, entry: Entry, metadata) -> None:
-        """A marker passed the dispatcher (replicated-subscription snapshots listen here)."""
-        for listener in self.marker_listeners:
-            listener(self, entry, metadata)
+        """A marker passed the dispatcher: a local SNAPSHOT goes to the snapshot
+        cache of a replicated subscription (processReplicatedSubscriptionSnapshot)."""
+        from broker.replication import markers
+
+        if metadata.marker_type != markers.SNAPSHOT or metadata.HasField("replicated_from") or not self.replicated:
+            return
+        try:
+            _, snap = markers.parse(entry.data)
+        except Exception as exc:
+            log.warning("[%s][%s] bad snapshot marker at %s: %s", self.topic.name, self.name, entry.position, exc)
+            return
+        self._cache().add(markers.position(snap.local_message_id), snap)
+
+    def _cache(self):
+        if self.snapshot_cache is None:
+            from broker.replication.snapshot import SnapshotCache
+            self.snapshot_cache = SnapshotCache(
+                self.topic.config.replicated_subscriptions_snapshot_max_cached_per_subscription)
+        return self.snapshot_cache
+
+    def _mark_delete_moved(self) -> None:
+        """After a local ack moved the mark-delete position: send an UPDATE when it
+        passed a cached snapshot."""
+        if self.snapshot_cache is None or not self.replicated or self.topic.controller is None:
+            return
+        snap = self.snapshot_cache.advanced_mark_delete(self.cursor.mark_delete_position)
+        if snap is not None:
+            self.topic.controller.local_subscription_updated(self, snap)
+
+    def after_mark_delete_moved_by_update(self) -> None:
+        """An UPDATE from another cluster moved the cursor: drop what consumers
+        hold below it and let the dispatcher skip acknowledged entries."""
+        md = self.cursor.mark_delete_position
+        for c in self.consumers:
+            c.acked_up_to(md)
+            for pos in [p for p in c.pending_acks if self.cursor.is_acknowledged(p)]:
+                c.acked(pos)
+        if self.dispatcher is not None:
+            self.dispatcher.wake()
 
     # ---- seek / figures / unsubscribe ------------------------------------
     async def reset_cursor(self, position: Position) -> None:

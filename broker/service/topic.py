@@ -16,7 +16,7 @@ from client.topic_name import TopicName
 from proto import broker_pb2 as pb
 
 from .consumer import Consumer
-from .dedup import DedupStatus, MessageDeduplication
+from .dedup import REPLICATOR_PREFIX, DedupStatus, MessageDeduplication
 from .errors import NotFound, ServiceNotReady
 from .subscription import Subscription
 
@@ -27,6 +27,20 @@ log = logging.getLogger(__name__)
 
 DUP_POSITION = Position(-1, -1)
 INTERNAL_CURSOR_PREFIXES = ("pulsar.dedup", "pulsar.repl.")
+
+
+def dedup_key(md) -> Optional[tuple[str, int]]:
+    """(producer name, highest sequence id) under which an entry was deduplicated
+    when stored: a replicated entry was sent by ``pulsar.repl.<origin>`` with its
+    source position as sequence id; local markers are not deduplicated."""
+    if md.HasField("replicated_from"):
+        if not md.HasField("replicated_source_ledger_id"):
+            return None
+        return (REPLICATOR_PREFIX + md.replicated_from,
+                (md.replicated_source_ledger_id << 32) | md.replicated_source_entry_id)
+    if md.HasField("marker_type"):
+        return None
+    return md.producer_name, max(md.sequence_id, md.highest_sequence_id)
 
 
 class BrokerProducer:
@@ -63,6 +77,8 @@ class PersistentTopic:
         self.replicators: dict[str, object] = {}        # remote cluster -> replicator (geo-replication)
         self.message_ttl_seconds = 0                     # namespace policy; replicators skip expired entries
         self.fail_next_sends = 0                         # fault injection (enable_fault_injection)
+        self.last_data_publish_ms = 0                    # last non-marker entry stored (snapshot controller)
+        self.controller = None                           # ReplicatedSubscriptionsController (PIP-33)
 
     @property
     def full_name(self) -> str:
@@ -98,9 +114,9 @@ class PersistentTopic:
                     md = peek_metadata(e.data)
                 except CorruptedMessage:
                     continue
-                if md.HasField("marker_type") and not md.producer_name:
-                    continue
-                replayed.append((md.producer_name, max(md.sequence_id, md.highest_sequence_id)))
+                key = dedup_key(md)
+                if key is not None:
+                    replayed.append(key)
         self.dedup.load({k: v for k, v in cursor.properties.items()}, replayed)
         if replayed:
             log.info("[%s] deduplication state: %d producers known, %d entries replayed",
@@ -183,6 +199,8 @@ class PersistentTopic:
             producer.bytes_in_counter += len(data)
             if md.HasField("marker_type"):
                 self.marker_positions.append(pos)
+            else:
+                self.last_data_publish_ms = int(time.time() * 1000)
             if check_dedup and self.dedup.record_persisted(producer.name, highest):
                 self._dedup_snapshot(pos)
             result.set_result(pos)
@@ -191,9 +209,47 @@ class PersistentTopic:
         return result
 
     def on_replicated_marker(self, replicator, entry, metadata) -> bool:
-        """Whether a marker entry goes to ``replicator``'s remote (replicated
-        subscriptions hook in here); by default markers follow replicate_to."""
+        """Whether a local marker entry goes to ``replicator``'s remote; markers
+        follow replicate_to like any entry."""
         return True
+
+    def received_replicated_marker(self, from_cluster: str, entry, metadata) -> None:
+        """A marker that came from ``from_cluster`` (seen by its replicator here)."""
+        if self.controller is not None:
+            self.controller.received_marker(from_cluster, entry, metadata)
+
+    def write_marker(self, data: bytes) -> "asyncio.Future":
+        """Append a marker entry (server-only; no producer, no deduplication)."""
+        fut = self.ml.add_entry_nowait(data)
+
+        def done(f):
+            if f.exception() is None:
+                self.marker_positions.append(f.result())
+            else:
+                log.warning("[%s] writing a marker failed: %s", self.name, f.exception())
+
+        fut.add_done_callback(done)
+        return fut
+
+    async def create_replicated_subscription(self, name: str, mark_delete: Optional[Position] = None) -> Subscription:
+        """Create a replicated subscription for an UPDATE about a subscription this
+        cluster does not have yet: at the update's position (Pulsar uses Latest,
+        which would skip everything after that position)."""
+        sub = self.subscriptions.get(name)
+        if sub is None:
+            cursor = await self.ml.open_cursor(name, initial_position=mark_delete or "latest")
+            sub = self.subscriptions.get(name) or Subscription(self, name, cursor)
+            self.subscriptions[name] = sub
+        await sub.set_replicated(True)
+        return sub
+
+    def prune_marker_positions(self) -> None:
+        """Forget markers every cursor has passed (bounded memory)."""
+        if not self.marker_positions:
+            return
+        slowest = min((c.mark_delete_position for c in self.ml.cursors.values()), default=self.ml.last_confirmed)
+        if self.marker_positions[0] <= slowest:
+            self.marker_positions = [p for p in self.marker_positions if p > slowest]
 
     # ---- subscriptions --------------------------------------------------
     async def subscribe(self, sub: pb.Subscribe, consumer: Consumer) -> Subscription:
@@ -298,6 +354,8 @@ class PersistentTopic:
         if self.closed:
             return
         self.closed = True
+        if self.controller is not None:
+            await self.controller.close()
         for r in list(self.replicators.values()):
             await r.close()
         for s in list(self.subscriptions.values()):
@@ -308,6 +366,8 @@ class PersistentTopic:
 
     async def delete(self) -> None:
         """Delete the topic's data: subscriptions, cursors, ledgers."""
+        if self.controller is not None:
+            await self.controller.close()
         for s in list(self.subscriptions.values()):
             await s.close()
         for r in list(self.replicators.values()):

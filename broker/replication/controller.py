@@ -1,0 +1,242 @@
+"""ReplicatedSubscriptionsController (PIP-33), one per topic with replication.
+
+* Every ``replicated_subscriptions_snapshot_frequency_millis`` it starts a
+  snapshot (writes SNAPSHOT_REQUEST) unless no data arrived since the last
+  completed one, no subscription is replicated, or a replicator is
+  disconnected (as Pulsar: snapshots stop while a cluster is unreachable).
+  Snapshots pending longer than ``replicated_subscriptions_snapshot_timeout_seconds``
+  are dropped and counted.
+* A SNAPSHOT_REQUEST received from a remote (through replication) is answered
+  with a SNAPSHOT_RESPONSE carrying this topic's last position, restricted to
+  the requester. Responses feed the pending builder; when complete a SNAPSHOT
+  marker restricted to the local cluster is written.
+* When a replicated subscription's mark-delete position passes a cached
+  snapshot, an UPDATE marker carries the remote clusters' positions; a remote
+  receiving an UPDATE acknowledges cumulatively up to its own position,
+  creating the subscription if missing. Beyond PIP-33, the UPDATE also carries
+  the subscription's individually acknowledged messages above the mark-delete
+  position, identified by origin (cluster, source position); the remote
+  acknowledges the matching entries too, so a failover does not redeliver them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Optional
+
+from broker.ledger.position import Entry, Position
+from client.entry_format import peek_metadata
+from client.errors import CorruptedMessage
+
+from . import markers
+from .snapshot import SnapshotBuilder
+
+if TYPE_CHECKING:
+    from broker.service.subscription import Subscription
+    from broker.service.topic import PersistentTopic
+
+log = logging.getLogger(__name__)
+
+MAX_INDIVIDUAL_ACKS_IN_UPDATE = 10000     # origin ids carried per UPDATE (bounded marker size)
+MAX_SCAN_FOR_INDIVIDUAL_ACKS = 50000      # entries the remote scans to match them
+
+
+class ControllerStats:
+    """Process-wide counters for the Prometheus collector."""
+
+    pending = 0
+    timed_out = 0
+    completed = 0
+    latencies_ms: list[float] = []
+
+
+class ReplicatedSubscriptionsController:
+    def __init__(self, topic: "PersistentTopic", local_cluster: str, config):
+        self.topic = topic
+        self.local_cluster = local_cluster
+        self.frequency_s = config.replicated_subscriptions_snapshot_frequency_millis / 1000.0
+        self.timeout_ms = config.replicated_subscriptions_snapshot_timeout_seconds * 1000
+        self.pending: dict[str, SnapshotBuilder] = {}
+        self.last_completed_start_ms = 0
+        self.last_update_applied_ms: dict[str, float] = {}
+        self._task: Optional[asyncio.Task] = None
+        self.log_prefix = f"[{topic.name}][{local_cluster}]"
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        ControllerStats.pending -= len(self.pending)
+        self.pending.clear()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.frequency_s)
+            try:
+                self.start_new_snapshot()
+            except Exception:
+                log.exception("%s snapshot attempt failed", self.log_prefix)
+
+    # ---- requester side -------------------------------------------------
+    def start_new_snapshot(self) -> Optional[str]:
+        now_ms = int(time.time() * 1000)
+        for sid, b in list(self.pending.items()):
+            if b.timed_out(now_ms, self.timeout_ms):
+                del self.pending[sid]
+                ControllerStats.pending -= 1
+                ControllerStats.timed_out += 1
+                log.info("%s snapshot %s timed out (missing %s)", self.log_prefix, sid, sorted(b.missing))
+        if not any(s.replicated for s in self.topic.subscriptions.values()):
+            return None
+        if self.topic.last_data_publish_ms < self.last_completed_start_ms:
+            return None   # no new data since the last snapshot
+        remotes = sorted(self.topic.replicators)
+        if not remotes:
+            return None
+        if not all(getattr(r, "connected", False) for r in self.topic.replicators.values()):
+            return None   # as Pulsar: no snapshot while a cluster is unreachable
+        sid = uuid.uuid4().hex
+        self.pending[sid] = SnapshotBuilder(sid, remotes, now_ms)
+        ControllerStats.pending += 1
+        self.topic.write_marker(markers.snapshot_request(sid, self.local_cluster))
+        return sid
+
+    # ---- markers arriving through replication -----------------------------
+    def received_marker(self, from_cluster: str, entry: Entry, md) -> None:
+        """A marker replicated from ``from_cluster`` (seen by that cluster's replicator)."""
+        try:
+            kind, msg = markers.parse(entry.data)
+        except (ValueError, CorruptedMessage) as exc:
+            log.warning("%s bad marker at %s: %s", self.log_prefix, entry.position, exc)
+            return
+        if kind == markers.SNAPSHOT_REQUEST:
+            if msg.source_cluster and msg.source_cluster != self.local_cluster:
+                last = self.topic.ml.last_confirmed
+                self.topic.write_marker(markers.snapshot_response(msg.snapshot_id, msg.source_cluster,
+                                                                  self.local_cluster, last))
+        elif kind == markers.SNAPSHOT_RESPONSE:
+            builder = self.pending.get(msg.snapshot_id)
+            if builder is None:
+                return
+            action = builder.received_response(entry.position, msg.cluster.cluster,
+                                               markers.position(msg.cluster.message_id))
+            if action == "second_round":
+                self.topic.write_marker(markers.snapshot_request(msg.snapshot_id, self.local_cluster))
+            elif action == "complete":
+                del self.pending[msg.snapshot_id]
+                ControllerStats.pending -= 1
+                ControllerStats.completed += 1
+                latency = time.time() * 1000 - builder.start_ms
+                ControllerStats.latencies_ms = (ControllerStats.latencies_ms + [latency])[-1000:]
+                self.last_completed_start_ms = builder.start_ms
+                self.topic.write_marker(markers.snapshot(msg.snapshot_id, self.local_cluster, builder.local,
+                                                         builder.responses))
+        elif kind == markers.UPDATE:
+            asyncio.ensure_future(self._apply_update(msg))
+
+    # ---- subscription updates ---------------------------------------------
+    def local_subscription_updated(self, subscription: "Subscription", snapshot) -> None:
+        """The subscription's mark-delete passed ``snapshot``: tell the remotes."""
+        clusters = {c.cluster: markers.position(c.message_id) for c in snapshot.clusters}
+        individually = self._individually_acked_origins(subscription)
+        self.topic.write_marker(markers.update(subscription.name, clusters, individually))
+
+    def _individually_acked_origins(self, subscription: "Subscription") -> dict[str, list]:
+        """Acked entries above the mark-delete position as origin ranges
+        {origin cluster: [(first, last) source positions]} (beyond PIP-33)."""
+        cursor = subscription.cursor
+        out: dict[str, list] = {}
+        count = 0
+        for (lo_l, lo_e), (hi_l, hi_e) in cursor.individual_deleted.ranges():
+            for e in range(lo_e, hi_e + 1):
+                if count >= MAX_INDIVIDUAL_ACKS_IN_UPDATE:
+                    return out
+                data = cursor.ml.cache.get(Position(lo_l, e))
+                if data is None:
+                    continue   # not cached: the remote will redeliver it (at-least-once)
+                try:
+                    md = peek_metadata(data)
+                except CorruptedMessage:
+                    continue
+                if md.HasField("replicated_from"):
+                    origin = md.replicated_from
+                    src = Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)
+                else:
+                    origin, src = self.local_cluster, Position(lo_l, e)
+                out.setdefault(origin, []).append((src, src))
+                count += 1
+        return out
+
+    async def _apply_update(self, msg) -> None:
+        mine = None
+        for c in msg.clusters:
+            if c.cluster == self.local_cluster:
+                mine = markers.position(c.message_id)
+        if mine is None:
+            return
+        topic = self.topic
+        sub = topic.subscriptions.get(msg.subscription_name)
+        if sub is None:
+            sub = await topic.create_replicated_subscription(msg.subscription_name, min(mine, topic.ml.last_confirmed))
+        target = min(mine, topic.ml.last_confirmed)
+        if target > sub.cursor.mark_delete_position:
+            try:
+                sub.cursor.mark_delete_nowait(target)
+                sub.after_mark_delete_moved_by_update()
+            except Exception as exc:
+                log.warning("%s applying update of %s failed: %s", self.log_prefix, sub.name, exc)
+                return
+        if msg.individually_acked:
+            await self._apply_individual(sub, msg.individually_acked)
+        self.last_update_applied_ms[sub.name] = time.time() * 1000
+
+    async def _apply_individual(self, sub: "Subscription", acked) -> None:
+        wanted: dict[str, set[Position]] = {}
+        for car in acked:
+            ids = wanted.setdefault(car.cluster, set())
+            for lo, hi in zip(car.range_start, car.range_end):
+                lo_p, hi_p = markers.position(lo), markers.position(hi)
+                if lo_p.ledger_id == hi_p.ledger_id:
+                    for e in range(lo_p.entry_id, hi_p.entry_id + 1):
+                        ids.add(Position(lo_p.ledger_id, e))
+        total = sum(len(v) for v in wanted.values())
+        if not total:
+            return
+        local_own = wanted.get(self.local_cluster, set())
+        positions = [p for p in local_own if p > sub.cursor.mark_delete_position and p <= self.topic.ml.last_confirmed]
+        remaining = total - len(local_own)
+        if remaining:
+            # Find the replicated copies by scanning forward from the mark-delete position.
+            reader = self.topic.ml.new_non_durable_cursor(sub.cursor.mark_delete_position, inclusive=False)
+            scanned = 0
+            while remaining and scanned < MAX_SCAN_FOR_INDIVIDUAL_ACKS:
+                entries = await reader.read_entries(500)
+                if not entries:
+                    break
+                scanned += len(entries)
+                for e in entries:
+                    try:
+                        md = peek_metadata(e.data)
+                    except CorruptedMessage:
+                        continue
+                    if not md.HasField("replicated_from"):
+                        continue
+                    src = Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)
+                    if src in wanted.get(md.replicated_from, ()):
+                        positions.append(e.position)
+                        remaining -= 1
+        if positions:
+            try:
+                sub.cursor.delete_nowait(positions)
+                sub.after_mark_delete_moved_by_update()
+            except Exception as exc:
+                log.warning("%s applying individual acks of %s failed: %s", self.log_prefix, sub.name, exc)

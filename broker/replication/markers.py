@@ -1,0 +1,94 @@
+"""Marker entries (Pulsar's ``Markers``): server-only entries written into a
+topic to carry the replicated-subscription protocol. Encoding in one place.
+
+A marker is an entry whose MessageMetadata has ``marker_type`` set, producer
+name ``pulsar.marker``, sequence id 0, and optionally ``replicate_to`` (the
+only cluster it may be replicated to). Its payload is one of the marker
+messages of proto/pulsar_api.proto (PulsarMarkers.proto in Pulsar).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from broker.ledger.position import Position
+from client.entry_format import decode_entry, encode_entry
+from proto import pulsar_api_pb2 as api
+
+MARKER_PRODUCER = "pulsar.marker"
+SNAPSHOT_REQUEST = api.REPLICATED_SUBSCRIPTION_SNAPSHOT_REQUEST
+SNAPSHOT_RESPONSE = api.REPLICATED_SUBSCRIPTION_SNAPSHOT_RESPONSE
+SNAPSHOT = api.REPLICATED_SUBSCRIPTION_SNAPSHOT
+UPDATE = api.REPLICATED_SUBSCRIPTION_UPDATE
+SERVER_ONLY = {SNAPSHOT_REQUEST, SNAPSHOT_RESPONSE, SNAPSHOT, UPDATE}
+
+
+def _message(marker_type: int, payload: bytes, restrict_to: Optional[str]) -> bytes:
+    md = api.MessageMetadata(producer_name=MARKER_PRODUCER, sequence_id=0,
+                             publish_time=int(time.time() * 1000), marker_type=marker_type)
+    if restrict_to:
+        md.replicate_to.append(restrict_to)
+    return encode_entry(md, payload)
+
+
+def _mid(pos: Position) -> api.MarkersMessageIdData:
+    return api.MarkersMessageIdData(ledger_id=max(0, pos.ledger_id), entry_id=max(0, pos.entry_id))
+
+
+def snapshot_request(snapshot_id: str, source_cluster: str) -> bytes:
+    """SNAPSHOT_REQUEST, replicated to every remote."""
+    return _message(SNAPSHOT_REQUEST, api.ReplicatedSubscriptionsSnapshotRequest(
+        snapshot_id=snapshot_id, source_cluster=source_cluster).SerializeToString(), None)
+
+
+def snapshot_response(snapshot_id: str, reply_to: str, cluster: str, last: Position) -> bytes:
+    """SNAPSHOT_RESPONSE with this cluster's last position, restricted to ``reply_to``."""
+    return _message(SNAPSHOT_RESPONSE, api.ReplicatedSubscriptionsSnapshotResponse(
+        snapshot_id=snapshot_id, cluster=api.ClusterMessageId(cluster=cluster, message_id=_mid(last))
+    ).SerializeToString(), reply_to)
+
+
+def snapshot(snapshot_id: str, local_cluster: str, local: Position, clusters: dict[str, Position]) -> bytes:
+    """SNAPSHOT (local only): the local position and every remote's position."""
+    msg = api.ReplicatedSubscriptionsSnapshot(snapshot_id=snapshot_id, local_message_id=_mid(local))
+    for name, pos in sorted(clusters.items()):
+        msg.clusters.add(cluster=name, message_id=_mid(pos))
+    return _message(SNAPSHOT, msg.SerializeToString(), local_cluster)
+
+
+def update(subscription: str, clusters: dict[str, Position],
+           individually_acked: Optional[dict[str, list[tuple[Position, Position]]]] = None) -> bytes:
+    """UPDATE for ``subscription``: per cluster, the position to acknowledge
+    cumulatively; optionally acknowledged ranges above it (beyond PIP-33)."""
+    msg = api.ReplicatedSubscriptionsUpdate(subscription_name=subscription)
+    for name, pos in sorted(clusters.items()):
+        msg.clusters.add(cluster=name, message_id=_mid(pos))
+    for name, ranges in sorted((individually_acked or {}).items()):
+        car = msg.individually_acked.add(cluster=name)
+        for lo, hi in ranges:
+            car.range_start.append(_mid(lo))
+            car.range_end.append(_mid(hi))
+    return _message(UPDATE, msg.SerializeToString(), None)
+
+
+def position(mid: api.MarkersMessageIdData) -> Position:
+    return Position(mid.ledger_id, mid.entry_id)
+
+
+_PARSERS = {
+    SNAPSHOT_REQUEST: api.ReplicatedSubscriptionsSnapshotRequest,
+    SNAPSHOT_RESPONSE: api.ReplicatedSubscriptionsSnapshotResponse,
+    SNAPSHOT: api.ReplicatedSubscriptionsSnapshot,
+    UPDATE: api.ReplicatedSubscriptionsUpdate,
+}
+
+
+def parse(data: bytes):
+    """(marker_type, parsed marker message) of a marker entry; ValueError for
+    non-marker or unknown marker entries, CorruptedMessage for bad bytes."""
+    md, payload = decode_entry(data)
+    if not md.HasField("marker_type") or md.marker_type not in _PARSERS:
+        raise ValueError(f"not a replicated-subscription marker (marker_type={md.marker_type})")
+    msg = _PARSERS[md.marker_type]()
+    msg.ParseFromString(bytes(payload))
+    return md.marker_type, msg

@@ -1,0 +1,250 @@
+"""Admin client (the role of Pulsar's ``pulsar-admin`` / PulsarAdmin Java API):
+one Python method per broker admin verb, sent as ``Admin(AdminRequest{method,
+body_json})`` and answered with JSON.
+
+``AdminClient`` is asyncio; ``SyncAdminClient`` wraps it for scripts and the
+``minipulsar-admin`` CLI.  Errors come back as gRPC status ``"ClassName:
+message"`` and are raised as the matching ``client.errors`` class
+(``NotFound``, ``AlreadyExists``, ``PreconditionFailed``, ``InvalidArgument``,
+``TopicNotFound``, ...).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+
+from client.connection import create_channel, map_rpc_error, parse_service_url
+from client.errors import AlreadyClosed, InvalidConfiguration
+from client.message_id import MessageId
+from proto import broker_pb2 as pb
+from proto.broker_pb2_grpc import PulsarBrokerStub
+
+__all__ = ["AdminClient", "SyncAdminClient"]
+
+
+class AdminClient:
+    """Asyncio admin client of one broker (``minipulsar://host:port``).
+
+    Every call takes ``operation_timeout_seconds`` at most and returns the
+    broker's decoded JSON answer (dict/list).  Raises the broker's error class
+    (see module doc), ``ConnectError``/``Timeout`` when the broker is unreachable,
+    ``AlreadyClosed`` after ``close()``.  Construct and use inside one event loop.
+    """
+
+    def __init__(self, service_url: str, operation_timeout_seconds: float = 30):
+        self.service_url = parse_service_url(service_url)
+        if operation_timeout_seconds <= 0:
+            raise InvalidConfiguration("operation_timeout_seconds must be > 0")
+        self.operation_timeout_seconds = float(operation_timeout_seconds)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: PulsarBrokerStub | None = None
+        self._closed = False
+
+    async def call(self, method: str, **body: Any) -> Any:
+        """Send admin verb ``method`` (e.g. ``"topics.stats"``) with JSON ``body``;
+        returns the decoded answer.  Fields whose value is None are left out."""
+        if self._closed:
+            raise AlreadyClosed("the admin client is closed")
+        if self._channel is None:
+            self._channel = create_channel(self.service_url)
+            self._stub = PulsarBrokerStub(self._channel)
+        request = pb.AdminRequest(method=method,
+                                  body_json=json.dumps({k: v for k, v in body.items() if v is not None}))
+        try:
+            resp = await self._stub.Admin(request, timeout=self.operation_timeout_seconds, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            raise map_rpc_error(exc, f"admin {method}") from None
+        return json.loads(resp.body_json) if resp.body_json else None
+
+    async def close(self) -> None:
+        """Close the channel.  Idempotent."""
+        self._closed = True
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def __aenter__(self) -> "AdminClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # -- clusters -----------------------------------------------------------------
+    async def create_cluster(self, name: str, service_url: str):
+        """Register cluster ``name`` reachable at ``service_url`` (``minipulsar://host:port``)."""
+        return await self.call("clusters.create", name=name, service_url=service_url)
+
+    async def list_clusters(self) -> list[str]:
+        """Names of the registered clusters."""
+        return await self.call("clusters.list")
+
+    async def get_cluster(self, name: str) -> dict:
+        """Cluster data (``service_url``, ...).  Raises ``NotFound``."""
+        return await self.call("clusters.get", name=name)
+
+    async def update_cluster(self, name: str, service_url: str):
+        """Change the service URL of cluster ``name``."""
+        return await self.call("clusters.update", name=name, service_url=service_url)
+
+    async def delete_cluster(self, name: str):
+        """Remove cluster ``name`` from the registry."""
+        return await self.call("clusters.delete", name=name)
+
+    # -- tenants ----------------------------------------------------------------
+    async def create_tenant(self, tenant: str, allowed_clusters: list[str] | None = None):
+        """Create ``tenant``; ``allowed_clusters`` defaults to the broker's cluster."""
+        return await self.call("tenants.create", tenant=tenant, allowed_clusters=allowed_clusters)
+
+    async def update_tenant(self, tenant: str, allowed_clusters: list[str]):
+        """Replace the clusters ``tenant`` may use."""
+        return await self.call("tenants.update", tenant=tenant, allowed_clusters=list(allowed_clusters))
+
+    async def list_tenants(self) -> list[str]:
+        """Names of all tenants."""
+        return await self.call("tenants.list")
+
+    async def get_tenant(self, tenant: str) -> dict:
+        """Tenant info (``allowed_clusters``).  Raises ``NotFound``."""
+        return await self.call("tenants.get", tenant=tenant)
+
+    async def delete_tenant(self, tenant: str):
+        """Delete ``tenant`` (raises ``PreconditionFailed`` while it has namespaces)."""
+        return await self.call("tenants.delete", tenant=tenant)
+
+    # -- namespaces --------------------------------------------------------------
+    async def create_namespace(self, namespace: str):
+        """Create ``tenant/namespace``."""
+        return await self.call("namespaces.create", namespace=namespace)
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        """Namespaces of ``tenant`` as ``tenant/ns``.  Raises ``NotFound``."""
+        return await self.call("namespaces.list", tenant=tenant)
+
+    async def get_policies(self, namespace: str) -> dict:
+        """The namespace's policies (dedup, clusters, TTL, retention, ...)."""
+        return await self.call("namespaces.policies", namespace=namespace)
+
+    async def delete_namespace(self, namespace: str):
+        """Delete an empty namespace (``PreconditionFailed`` while it has topics)."""
+        return await self.call("namespaces.delete", namespace=namespace)
+
+    async def set_deduplication(self, namespace: str, enabled: bool) -> dict:
+        """Turn broker-side message deduplication on/off; returns the policies."""
+        return await self.call("namespaces.set_deduplication", namespace=namespace, enabled=bool(enabled))
+
+    async def set_namespace_clusters(self, namespace: str, clusters: list[str]) -> dict:
+        """Set the namespace's replication clusters (geo-replication)."""
+        return await self.call("namespaces.set_clusters", namespace=namespace, clusters=list(clusters))
+
+    async def set_message_ttl(self, namespace: str, ttl_seconds: int) -> dict:
+        """Message TTL in seconds (0 = none)."""
+        return await self.call("namespaces.set_message_ttl", namespace=namespace, ttl_seconds=int(ttl_seconds))
+
+    async def set_retention(self, namespace: str, retention_time_minutes: int, retention_size_mb: int) -> dict:
+        """Retention of acknowledged messages: minutes and MB (-1 = infinite, 0 = none)."""
+        return await self.call("namespaces.set_retention", namespace=namespace,
+                               retention_time_minutes=int(retention_time_minutes),
+                               retention_size_mb=int(retention_size_mb))
+
+    # -- topics --------------------------------------------------------------------
+    async def create_topic(self, topic: str):
+        """Create a non-partitioned topic (``AlreadyExists`` if it exists)."""
+        return await self.call("topics.create", topic=topic)
+
+    async def create_partitioned_topic(self, topic: str, partitions: int):
+        """Create a partitioned topic with ``partitions`` partitions."""
+        return await self.call("topics.create_partitioned", topic=topic, partitions=int(partitions))
+
+    async def get_partitioned_topic_metadata(self, topic: str) -> int:
+        """Number of partitions (0 = not partitioned)."""
+        return int((await self.call("topics.partitioned_metadata", topic=topic))["partitions"])
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        """Topics of ``tenant/namespace`` (partitions individually)."""
+        return await self.call("topics.list", namespace=namespace)
+
+    async def list_partitioned_topics(self, namespace: str) -> list[str]:
+        """Partitioned topics of ``tenant/namespace``."""
+        return await self.call("topics.list_partitioned", namespace=namespace)
+
+    async def get_stats(self, topic: str) -> dict:
+        """Topic stats (Pulsar's TopicStats names: msgInCounter, subscriptions, ...)."""
+        return await self.call("topics.stats", topic=topic)
+
+    async def get_internal_stats(self, topic: str) -> dict:
+        """Managed-ledger internal stats (ledgers, cursors)."""
+        return await self.call("topics.internal_stats", topic=topic)
+
+    async def delete_topic(self, topic: str, force: bool = False):
+        """Delete ``topic`` (``force``: even with connected clients/subscriptions)."""
+        return await self.call("topics.delete", topic=topic, force=bool(force))
+
+    async def unload_topic(self, topic: str):
+        """Unload ``topic`` from the broker (clients reconnect)."""
+        return await self.call("topics.unload", topic=topic)
+
+    async def get_subscriptions(self, topic: str) -> list[str]:
+        """Subscription names of ``topic`` (sorted)."""
+        return await self.call("topics.subscriptions", topic=topic)
+
+    async def unsubscribe(self, topic: str, subscription: str):
+        """Delete ``subscription`` of ``topic`` (``NotFound`` if absent)."""
+        return await self.call("topics.unsubscribe", topic=topic, subscription=subscription)
+
+    async def reset_cursor(self, topic: str, subscription: str, message_id: MessageId | str | None = None,
+                           timestamp_ms: int | None = None) -> dict:
+        """Move ``subscription`` to ``message_id`` (``MessageId`` or ``"ledger:entry"``)
+        or to the first message published at/after ``timestamp_ms`` (ms since epoch);
+        exactly one of them."""
+        if (message_id is None) == (timestamp_ms is None):
+            raise InvalidConfiguration("reset_cursor needs exactly one of message_id or timestamp_ms")
+        if isinstance(message_id, MessageId):
+            message_id = f"{message_id.ledger_id}:{message_id.entry_id}"
+        return await self.call("topics.reset_cursor", topic=topic, subscription=subscription,
+                               message_id=message_id,
+                               timestamp_ms=int(timestamp_ms) if timestamp_ms is not None else None)
+
+    async def set_replication_clusters(self, topic: str, clusters: list[str]) -> dict:
+        """Topic-level replication clusters (override the namespace's)."""
+        return await self.call("topics.set_replication_clusters", topic=topic, clusters=list(clusters))
+
+    async def health(self) -> dict:
+        """The broker's health answer (``ok``, ``cluster``, ``topics``)."""
+        return await self.call("brokers.health")
+
+
+class SyncAdminClient:
+    """Blocking wrapper of ``AdminClient`` (same methods, not awaitable), with
+    its own event loop thread.  Use as a context manager or call ``close()``."""
+
+    def __init__(self, service_url: str, operation_timeout_seconds: float = 30):
+        from client.sync import LoopThread
+        parse_service_url(service_url)  # fail early, in the caller's thread
+        self._lt = LoopThread("minipulsar-admin")
+        self._admin = AdminClient(service_url, operation_timeout_seconds)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._admin, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def blocking(*args, **kwargs):
+            return self._lt.run(attr(*args, **kwargs))
+        blocking.__name__ = name
+        blocking.__doc__ = attr.__doc__
+        return blocking
+
+    def close(self) -> None:
+        """Close the admin client and stop its thread.  Idempotent."""
+        if self._lt.running:
+            self._lt.run(self._admin.close())
+            self._lt.stop()
+
+    def __enter__(self) -> "SyncAdminClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,226 @@
+"""Connection plumbing shared by the client's producers, consumers and admin:
+service URL parsing, the gRPC channel, reconnect ``Backoff`` and mapping of
+gRPC errors to ``client.errors``.
+
+Follows Pulsar's ``PulsarServiceNameResolver`` (URL checks), ``Backoff``
+(exponential with jitter) and ``ConnectionHandler`` (reconnect policy); the
+transport is one ``grpc.aio`` channel per client (HTTP/2 multiplexes every
+producer and consumer stream over it, like Pulsar's pooled ClientCnx).
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+
+from client.errors import ConnectError, InvalidConfiguration, PulsarException, Timeout, error_from_status
+
+__all__ = ["ServiceUrl", "parse_service_url", "create_channel", "channel_options", "Backoff",
+           "map_rpc_error", "is_retriable", "MAX_GRPC_MESSAGE_BYTES", "SCHEME", "DEFAULT_PORT"]
+
+SCHEME = "minipulsar"
+DEFAULT_PORT = 6600  # the broker's gRPC port (DESIGN.md)
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024  # 64 MiB, both directions
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)$")
+
+
+@dataclass(frozen=True)
+class ServiceUrl:
+    """A parsed ``minipulsar://host:port`` service URL.
+
+    ``host``: host name or IP (IPv6 in brackets); ``port``: TCP port (int);
+    ``target``: the gRPC target string ``"host:port"``.
+    """
+
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{SCHEME}://{self.host}:{self.port}"
+
+
+def parse_service_url(url: str) -> ServiceUrl:
+    """Parse a service URL ``minipulsar://host[:port]`` (port defaults to 6600;
+    a trailing ``/`` is accepted).
+
+    Raises ``InvalidConfiguration`` naming the problem for anything else: another
+    scheme (``pulsar://`` is Pulsar's binary protocol, not this gRPC endpoint),
+    several hosts, a path, a bad host or a port outside 1..65535.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidConfiguration(f"invalid service URL {url!r}: expected {SCHEME}://host:port")
+    text = url.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        raise InvalidConfiguration(f"invalid service URL {url!r}: missing scheme, expected {SCHEME}://host:port")
+    if scheme.lower() != SCHEME:
+        hint = " (pulsar:// is Pulsar's binary protocol; minipulsar brokers speak gRPC at minipulsar://)" \
+            if scheme.lower() in ("pulsar", "pulsar+ssl", "http", "https") else ""
+        raise InvalidConfiguration(f"invalid service URL {url!r}: unsupported scheme {scheme!r}, "
+                                   f"expected {SCHEME}://host:port{hint}")
+    rest = rest.rstrip("/")
+    if "/" in rest or "?" in rest or "#" in rest:
+        raise InvalidConfiguration(f"invalid service URL {url!r}: no path allowed, expected {SCHEME}://host:port")
+    if "," in rest:
+        raise InvalidConfiguration(f"invalid service URL {url!r}: several hosts are not supported, "
+                                   f"give one broker as {SCHEME}://host:port")
+    if "@" in rest:
+        raise InvalidConfiguration(f"invalid service URL {url!r}: credentials do not go in the URL")
+    if rest.startswith("["):  # IPv6 literal
+        end = rest.find("]")
+        if end < 0:
+            raise InvalidConfiguration(f"invalid service URL {url!r}: unclosed '[' in IPv6 host")
+        host, port_text = rest[:end + 1], rest[end + 1:]
+        if port_text and not port_text.startswith(":"):
+            raise InvalidConfiguration(f"invalid service URL {url!r}: expected ':port' after the IPv6 host")
+        port_text = port_text[1:]
+    else:
+        host, _, port_text = rest.partition(":")
+    if not host or not _HOST.match(host):
+        raise InvalidConfiguration(f"invalid service URL {url!r}: bad or missing host {host!r}")
+    if port_text == "":
+        if rest.endswith(":"):
+            raise InvalidConfiguration(f"invalid service URL {url!r}: empty port")
+        port = DEFAULT_PORT
+    else:
+        if not port_text.isdigit():
+            raise InvalidConfiguration(f"invalid service URL {url!r}: port {port_text!r} is not a number")
+        port = int(port_text)
+        if not 1 <= port <= 65535:
+            raise InvalidConfiguration(f"invalid service URL {url!r}: port {port} is outside 1..65535")
+    return ServiceUrl(host, port)
+
+
+def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_ms: int = 10000) -> list[tuple]:
+    """gRPC channel options: 64 MiB max send/receive message length (bytes),
+    keepalive pings every ``keepalive_interval_seconds`` (Pulsar's
+    keepAliveIntervalSeconds, default 30 s; only while calls are active, so
+    the server's default ping policy is respected) with a 10 s ack timeout, and
+    reconnect backoff capped by ``connection_timeout_ms``."""
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", int(keepalive_interval_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", 10000),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", max(1000, int(connection_timeout_ms))),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def create_channel(service_url: str | ServiceUrl, keepalive_interval_seconds: float = 30,
+                   connection_timeout_ms: int = 10000) -> grpc.aio.Channel:
+    """One insecure ``grpc.aio`` channel to the broker (call from the event loop
+    that will use it).  Raises ``InvalidConfiguration`` for a bad URL."""
+    url = service_url if isinstance(service_url, ServiceUrl) else parse_service_url(service_url)
+    return grpc.aio.insecure_channel(url.target, options=channel_options(keepalive_interval_seconds,
+                                                                          connection_timeout_ms))
+
+
+class Backoff:
+    """Exponential backoff with jitter, as Pulsar's ``Backoff``.
+
+    Delays (seconds) start at ``initial`` (100 ms) and double up to ``max_delay``
+    (30 s); each ``next()`` returns the current delay minus a random jitter of
+    up to 10 % (Pulsar's ``rand % (current / 10)``), never below ``initial``
+    unless ``initial`` is 0.  ``mandatory_stop`` (seconds, 0 = none): once that
+    much time has passed since the first ``next()`` after a ``reset()``, the
+    next delay is shortened to land on that deadline exactly once (Pulsar uses
+    it for operation timeouts).  ``reset()`` after a success.  ``clock``
+    (seconds, monotonic) and ``rng`` are injectable for tests.
+    """
+
+    def __init__(self, initial: float = 0.1, max_delay: float = 30.0, mandatory_stop: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None):
+        if initial < 0 or max_delay < initial:
+            raise ValueError(f"invalid backoff: initial {initial}s, max {max_delay}s")
+        self.initial = initial
+        self.max_delay = max_delay
+        self.mandatory_stop = mandatory_stop
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the initial delay (call after a successful (re)connection)."""
+        self._next = self.initial
+        self._first_attempt: float | None = None
+        self._stop_applied = False
+        self.attempts = 0
+
+    def next(self) -> float:
+        """The delay to wait before the next attempt (seconds), and advance."""
+        current = self._next
+        if current < self.max_delay:
+            self._next = min(self.max_delay, self._next * 2)
+        now = self._clock()
+        if self._first_attempt is None:
+            self._first_attempt = now
+        if self.mandatory_stop > 0 and not self._stop_applied:
+            remaining = self._first_attempt + self.mandatory_stop - now
+            if current > remaining:
+                self._stop_applied = True
+                current = max(self.initial, remaining)
+        if current > self.initial:
+            current = max(self.initial, current - self._rng.random() * current / 10)
+        self.attempts += 1
+        return current
+
+    def elapsed(self) -> float:
+        """Seconds since the first ``next()`` after the last reset (0 if none)."""
+        return 0.0 if self._first_attempt is None else self._clock() - self._first_attempt
+
+
+# Errors after which retrying (reconnecting) can succeed.  ProducerBusy and
+# ConsumerBusy are retriable only for an already created handle (the broker may
+# not have noticed the old stream closed yet), as in Pulsar.
+_RETRIABLE_NAMES = {"ServiceNotReady", "ConnectError", "Timeout", "TooManyRequests", "PersistenceError",
+                    "TopicFenced", "ProducerBusy", "ConsumerBusy"}
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether the operation (create, send) may succeed after a reconnect:
+    ``PulsarException.retriable`` or a known transient error name."""
+    if isinstance(exc, PulsarException):
+        return bool(exc.retriable) or type(exc).__name__ in _RETRIABLE_NAMES
+    return isinstance(exc, (ConnectionError, OSError))
+
+
+def map_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, what: str = "") -> PulsarException:
+    """Turn a gRPC error into the matching ``client.errors`` exception
+    (``errors.error_from_status`` of its code and details ``"ClassName: message"``).
+
+    A transport-level UNAVAILABLE (no class name in the details) becomes
+    ``ConnectError``, a deadline ``Timeout``; ``what`` (e.g. ``"create producer
+    on persistent://..."``) is prefixed to messages that carry no class.
+    Never raises.
+    """
+    try:
+        code = error.code()
+        details = error.details() or ""
+    except Exception:  # a RpcError without code()/details()
+        return ConnectError(f"{what}: {error}" if what else str(error))
+    exc = error_from_status(code, details)
+    head = details.partition(": ")[0]
+    if type(exc).__name__ != head and details != type(exc).__name__:  # no class name from the server
+        prefix = f"{what}: " if what else ""
+        code_name = getattr(code, "name", str(code))
+        if code_name == "UNAVAILABLE":
+            exc = ConnectError(f"{prefix}broker unavailable ({details or 'connection failed'})")
+        elif code_name == "DEADLINE_EXCEEDED":
+            exc = Timeout(f"{prefix}deadline exceeded ({details or 'no answer in time'})")
+        elif code_name == "CANCELLED":
+            exc = ConnectError(f"{prefix}call cancelled ({details or 'connection closed'})")
+        elif prefix:
+            exc = type(exc)(prefix + exc.message)
+    return exc
