@@ -65,6 +65,12 @@ GRPC_CHANNEL_OPTIONS = [
 MAX_ADD_FRAME_BYTES = 8 * 1024 * 1024
 # Status passed to add callbacks when the bookie could not be reached.
 STATUS_UNAVAILABLE = -1
+# Ledger recovery reads and writes back entries above the LAC in chunks of about
+# this many payload bytes (first chunk: a fixed count, later ones sized by the
+# average entry seen), at most RECOVERY_MAX_CHUNK_ENTRIES entries each.
+RECOVERY_CHUNK_BYTES = 4 * 1024 * 1024
+RECOVERY_FIRST_CHUNK_ENTRIES = 64
+RECOVERY_MAX_CHUNK_ENTRIES = 2048
 
 
 def ledger_path(ledger_id: int) -> str:
@@ -87,6 +93,37 @@ class MetadataAccess(Protocol):
 AddCallback = Callable[[int, str], None]
 
 
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int."""
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
+# Tag of AddEntriesRequest.adds (field 1, length-delimited).
+_ADDS_TAG = b"\x0a"
+
+
+def _framed_add(serialized_add: bytes) -> bytes:
+    """One serialized AddEntryRequest as an ``adds`` element of an AddEntriesRequest.
+
+    Concatenated framed adds ARE a serialized AddEntriesRequest (a repeated
+    field is encoded as one tag + length + message per element), so the writer
+    only joins bytes: one add is serialized once, whatever its write set size.
+    """
+    return _ADDS_TAG + _varint(len(serialized_add)) + serialized_add
+
+
+def _call_plain(callback: AddCallback, address: str, status: int, message: str) -> None:
+    callback(status, message)
+
+
 class BookieConnection:
     """One gRPC channel to one bookie, with a long-lived, pipelined AddEntry stream.
 
@@ -95,6 +132,13 @@ class BookieConnection:
     reader task calls ``callback(status, message)`` per result, ``status`` being
     a ``bookie_pb2.AddStatus`` value or ``STATUS_UNAVAILABLE`` when the stream
     broke. A broken stream is re-opened by the next add.
+
+    Internally an add is ``(framed bytes, ledger_id, entry_id, fn, arg)``: adds
+    are serialized once by the caller (``LedgerHandle`` shares one serialization
+    among its write set), written as pre-serialized frames, and results call
+    ``fn(arg, address, status, message)``. Written adds wait in a deque in
+    write order; the bookie answers in (almost always) that order, so matching a
+    result is a look at the deque's head.
     """
 
     def __init__(self, address: str, rpc_timeout_s: float = 10.0):
@@ -102,8 +146,13 @@ class BookieConnection:
         self.rpc_timeout_s = rpc_timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS)
         self.stub = bookie_pb2_grpc.BookieStub(self._channel)
-        self._queue: list[tuple[pb.AddEntryRequest, AddCallback]] = []
-        self._in_flight: dict[tuple[int, int], collections.deque] = {}
+        # AddEntry with pre-serialized request frames (bytes pass through unchanged).
+        self._add_stream = self._channel.stream_stream(
+            "/minipulsar.bookie.Bookie/AddEntry",
+            request_serializer=None,
+            response_deserializer=pb.AddEntriesResponse.FromString)
+        self._queue: list[tuple] = []
+        self._in_flight: collections.deque[tuple] = collections.deque()
         self._wakeup: Optional[asyncio.Event] = None
         self._call = None
         self._tasks: list[asyncio.Task] = []
@@ -112,17 +161,22 @@ class BookieConnection:
     # ---- adds ---------------------------------------------------------
     def add(self, request: pb.AddEntryRequest, callback: AddCallback) -> None:
         """Queue one add; ``callback(status, message)`` is called exactly once."""
+        self._enqueue(_framed_add(request.SerializeToString()), request.ledger_id, request.entry_id,
+                      _call_plain, callback)
+
+    def _enqueue(self, framed: bytes, ledger_id: int, entry_id: int, fn, arg) -> None:
+        """Queue one pre-serialized add; ``fn(arg, address, status, message)`` is called once."""
         if self._closed:
-            callback(STATUS_UNAVAILABLE, "bookie connection closed")
+            fn(arg, self.address, STATUS_UNAVAILABLE, "bookie connection closed")
             return
-        self._queue.append((request, callback))
+        self._queue.append((framed, ledger_id, entry_id, fn, arg))
         if self._call is None:
             self._open_stream()
         self._wakeup.set()
 
     def _open_stream(self) -> None:
         self._wakeup = asyncio.Event()
-        self._call = self.stub.AddEntry()
+        self._call = self._add_stream()
         call = self._call
         self._tasks = [asyncio.create_task(self._writer(call)), asyncio.create_task(self._reader(call))]
 
@@ -133,32 +187,47 @@ class BookieConnection:
                 self._wakeup.clear()
                 while self._queue:
                     queued, self._queue = self._queue, []
-                    batch, size = [], 0
-                    for req, cb in queued:
-                        if batch and size + len(req.payload) > MAX_ADD_FRAME_BYTES:
-                            await call.write(pb.AddEntriesRequest(adds=batch))
-                            batch, size = [], 0
-                        batch.append(req)
-                        size += len(req.payload)
-                        self._in_flight.setdefault((req.ledger_id, req.entry_id), collections.deque()).append(cb)
-                    await call.write(pb.AddEntriesRequest(adds=batch))
+                    # In flight before the first write: a broken stream fails them all.
+                    self._in_flight.extend(queued)
+                    parts, size = [], 0
+                    for item in queued:
+                        framed = item[0]
+                        if parts and size + len(framed) > MAX_ADD_FRAME_BYTES:
+                            await call.write(b"".join(parts))
+                            parts, size = [], 0
+                        parts.append(framed)
+                        size += len(framed)
+                    await call.write(parts[0] if len(parts) == 1 else b"".join(parts))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # stream broken
             self._fail_stream(call, f"write to bookie {self.address} failed: {exc}")
 
+    def _take(self, ledger_id: int, entry_id: int) -> Optional[tuple]:
+        """Remove and return the oldest in-flight add of (ledger_id, entry_id), if any."""
+        in_flight = self._in_flight
+        for i, item in enumerate(in_flight):
+            if item[2] == entry_id and item[1] == ledger_id:
+                del in_flight[i]
+                return item
+        return None
+
     async def _reader(self, call) -> None:
+        address = self.address
         try:
             async for response in call:
                 for result in response.results:
-                    key = (result.ledger_id, result.entry_id)
-                    waiters = self._in_flight.get(key)
-                    if not waiters:
-                        continue
-                    cb = waiters.popleft()
-                    if not waiters:
-                        del self._in_flight[key]
-                    cb(result.status, result.message)
+                    ledger_id = result.ledger_id
+                    entry_id = result.entry_id
+                    in_flight = self._in_flight
+                    if in_flight and in_flight[0][2] == entry_id and in_flight[0][1] == ledger_id:
+                        item = in_flight.popleft()
+                    else:
+                        item = self._take(ledger_id, entry_id)
+                        if item is None:
+                            continue
+                    status = result.status
+                    item[3](item[4], address, status, result.message if status else "")
             self._fail_stream(call, f"bookie {self.address} closed the add stream")
         except asyncio.CancelledError:
             raise
@@ -175,12 +244,12 @@ class BookieConnection:
                 task.cancel()
         self._tasks = []
         call.cancel()
-        failed = [cb for waiters in self._in_flight.values() for cb in waiters]
-        failed += [cb for _, cb in self._queue]
-        self._in_flight.clear()
+        failed = list(self._in_flight)
+        failed += self._queue
+        self._in_flight = collections.deque()
         self._queue = []
-        for cb in failed:
-            cb(STATUS_UNAVAILABLE, reason)
+        for item in failed:
+            item[3](item[4], self.address, STATUS_UNAVAILABLE, reason)
 
     # ---- unary / read RPCs ----------------------------------------------
     async def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
@@ -250,14 +319,32 @@ def _status_error(status: int, message: str, ledger_id: int) -> BKException:
 
 
 class _PendingAdd:
-    __slots__ = ("entry_id", "payload", "future", "acked", "done")
+    """One add in flight: completes ``future`` or, for internal callers, calls
+    ``callback(ctx, entry_id, error)`` (no future, no extra loop round trip)."""
 
-    def __init__(self, entry_id: int, payload: bytes, future: asyncio.Future):
+    __slots__ = ("entry_id", "payload", "future", "acked", "done", "callback", "ctx")
+
+    def __init__(self, entry_id: int, payload: bytes, future: Optional[asyncio.Future],
+                 callback: Optional[Callable] = None, ctx=None):
         self.entry_id = entry_id
         self.payload = payload
         self.future = future
         self.acked: set[str] = set()   # bookie addresses that stored it
         self.done = False
+        self.callback = callback
+        self.ctx = ctx
+
+    def succeed(self) -> None:
+        if self.callback is not None:
+            self.callback(self.ctx, self.entry_id, None)
+        elif not self.future.done():
+            self.future.set_result(self.entry_id)
+
+    def fail(self, error: BaseException) -> None:
+        if self.callback is not None:
+            self.callback(self.ctx, None, error)
+        elif not self.future.done():
+            self.future.set_exception(error)
 
 
 class LedgerHandle:
@@ -285,6 +372,13 @@ class LedgerHandle:
         self._ensemble_lock = asyncio.Lock()
         self._closing = False
         self._read_rotation = 0
+        self._drained: Optional[asyncio.Future] = None  # set when _pending empties (close)
+        # Write path cache (current fragment): per entry_id % E, the write set as
+        # (address, connection) pairs; rebuilt when the metadata object changes.
+        self._ws_metadata = None
+        self._ws_sets: list[tuple[tuple[str, BookieConnection], ...]] = []
+        self._add_prefix = b""
+        self._on_result_cb = self._on_result
 
     # ---- geometry -----------------------------------------------------
     @property
@@ -313,6 +407,17 @@ class LedgerHandle:
         Raises LedgerClosedError (closed/read-only handle), EntryTooLargeError,
         or the error that broke the handle (LedgerFencedError, NotEnoughBookiesError).
         """
+        future = asyncio.get_running_loop().create_future()
+        self._start_add(payload, future, None, None)
+        return future
+
+    def _add_entry_cb(self, payload: bytes, callback: Callable, ctx) -> None:
+        """Internal ``add_entry_nowait`` for the managed ledger: instead of a future,
+        ``callback(ctx, entry_id, None)`` on success or ``callback(ctx, None, error)``
+        on failure, called in entry order. Raises like ``add_entry_nowait``."""
+        self._start_add(payload, None, callback, ctx)
+
+    def _start_add(self, payload: bytes, future, callback, ctx) -> None:
         if not self.writable or self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed or read-only")
         if self._error is not None:
@@ -321,11 +426,31 @@ class LedgerHandle:
             raise EntryTooLargeError(
                 f"entry of {len(payload)} bytes exceeds max_entry_size_bytes={self.bk.max_entry_size_bytes}")
         self.last_add_pushed += 1
-        op = _PendingAdd(self.last_add_pushed, payload, asyncio.get_running_loop().create_future())
+        entry_id = self.last_add_pushed
+        op = _PendingAdd(entry_id, payload, future, callback, ctx)
         self._pending.append(op)
-        for address in self.write_set(op.entry_id):
-            self._send(op, address)
-        return op.future
+        if self._ws_metadata is not self.metadata:
+            self._build_write_sets()
+        write_set = self._ws_sets[entry_id % len(self._ws_sets)]
+        # One serialization shared by the whole write set.
+        framed = _framed_add(self._add_prefix + pb.AddEntryRequest(
+            entry_id=entry_id, payload=payload, last_add_confirmed=self.last_add_confirmed).SerializeToString())
+        ledger_id = self.ledger_id
+        on_result = self._on_result_cb
+        for address, conn in write_set:
+            if conn._closed:  # the client's connections were closed and re-created since
+                conn = self.bk.connection(address)
+            conn._enqueue(framed, ledger_id, entry_id, on_result, op)
+
+    def _build_write_sets(self) -> None:
+        md = self.metadata
+        ens = list(md.fragments[-1].ensemble)
+        e, qw = len(ens), md.write_quorum_size
+        conns = {a: self.bk.connection(a) for a in ens}
+        self._ws_sets = [tuple((ens[(i + j) % e], conns[ens[(i + j) % e]]) for j in range(qw)) for i in range(e)]
+        # ledger_id and master_key never change: serialized once, prepended to every add.
+        self._add_prefix = pb.AddEntryRequest(ledger_id=self.ledger_id, master_key=md.password).SerializeToString()
+        self._ws_metadata = md
 
     async def add_entry(self, payload: bytes) -> int:
         """Add one entry and wait until Qa bookies stored it; returns its entry id."""
@@ -335,7 +460,8 @@ class LedgerHandle:
         request = pb.AddEntryRequest(
             ledger_id=self.ledger_id, entry_id=op.entry_id, master_key=self.metadata.password,
             payload=op.payload, last_add_confirmed=self.last_add_confirmed, recovery=recovery)
-        self.bk.connection(address).add(request, lambda status, msg: self._on_result(op, address, status, msg))
+        self.bk.connection(address)._enqueue(_framed_add(request.SerializeToString()), self.ledger_id, op.entry_id,
+                                             self._on_result_cb, op)
 
     def _on_result(self, op: _PendingAdd, address: str, status: int, message: str) -> None:
         if op.done:
@@ -359,8 +485,14 @@ class LedgerHandle:
             op.done = True
             self.last_add_confirmed = op.entry_id
             self.length += len(op.payload)
-            if not op.future.done():
-                op.future.set_result(op.entry_id)
+            op.succeed()
+        if not pending:
+            self._set_drained()
+
+    def _set_drained(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
 
     def _fail_all(self, error: BKException) -> None:
         if self._error is None:
@@ -369,8 +501,8 @@ class LedgerHandle:
         while self._pending:
             op = self._pending.popleft()
             op.done = True
-            if not op.future.done():
-                op.future.set_exception(error)
+            op.fail(error)
+        self._set_drained()
 
     async def _handle_bookie_failure(self, failed: str) -> None:
         """Ensemble change: replace ``failed`` by a spare bookie from the LAC+1 on."""
@@ -417,7 +549,9 @@ class LedgerHandle:
             return
         self._closing = True
         if self._pending:
-            await asyncio.gather(*(op.future for op in list(self._pending)), return_exceptions=True)
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drained)
         if isinstance(self._error, LedgerFencedError):
             self.writable = False
             return
@@ -447,6 +581,10 @@ class LedgerHandle:
         if last > self.last_add_confirmed:
             raise NoSuchEntryError(
                 f"ledger {self.ledger_id}: entry {last} is beyond LastAddConfirmed {self.last_add_confirmed}")
+        return await self._read_range(first, last)
+
+    async def _read_range(self, first: int, last: int) -> list[bytes]:
+        """``read_entries`` without the LAC check (ledger recovery reads beyond it)."""
         out: list[bytes] = []
         entry = first
         frags = list(self.metadata.fragments)
@@ -467,7 +605,23 @@ class LedgerHandle:
             order = ens[self._read_rotation % len(ens):] + ens[:self._read_rotation % len(ens)]
             order.sort(key=lambda a: self.bk.is_failed(a))
             return await self._read_with_fallback(order, first, last)
-        # Striped ensemble: each entry from its own write set.
+        # Striped ensemble: entries e..e+Qw-1 all live on ens[(e+Qw-1) % E] (the
+        # round-robin write sets overlap there), so read blocks of Qw entries, one
+        # range read each, concurrently; a block that fails is read entry by entry.
+        qw = self.metadata.write_quorum_size
+        results = await asyncio.gather(*(
+            self._read_striped_block(ens, s, min(last, s + qw - 1)) for s in range(first, last + 1, qw)))
+        return [payload for block in results for payload in block]
+
+    async def _read_striped_block(self, ens: list[str], first: int, last: int) -> list[bytes]:
+        if last > first:
+            holder = ens[last % len(ens)]  # holds every entry of first..last (last - first < Qw)
+            if not self.bk.is_failed(holder):
+                try:
+                    return await self.bk.connection(holder).read_entries(self.ledger_id, first, last)
+                except BKException as exc:
+                    if isinstance(exc, BookieUnavailableError):
+                        self.bk.mark_failed(holder)
         results = await asyncio.gather(*(
             self._read_with_fallback(sorted(self.write_set(e), key=self.bk.is_failed), e, e)
             for e in range(first, last + 1)))
@@ -593,9 +747,29 @@ class BookKeeper:
         handle = LedgerHandle(self, ledger_id, md, version, writable=False)
         handle.last_add_confirmed = lac
         # Entries up to the LAC are known to be at Qa; entries above it are read
-        # forward and written back until one is not readable any more.
+        # forward and written back until one is not readable any more. The LAC the
+        # writer piggy-backs lags by its whole pipeline (thousands of entries under
+        # load), so first go in chunks up to the highest entry a fenced bookie
+        # stores (or that precedes the last fragment, all acknowledged): one range
+        # read and one pipelined write-back per chunk. A chunk that is not fully
+        # readable ends this phase; the entry-by-entry loop below then stops at
+        # exactly the first unreadable entry, as BookKeeper's recovery does.
         entry = lac + 1
         written_back = 0
+        known_last = max([r.last_entry_id for r in answered] + [md.fragments[-1].first_entry_id - 1])
+        chunk = RECOVERY_FIRST_CHUNK_ENTRIES
+        while entry <= known_last:
+            end = min(known_last, entry + chunk - 1)
+            try:
+                payloads = await handle._read_range(entry, end)
+            except NoSuchEntryError:
+                break
+            await self._write_back_many(handle, entry, payloads)
+            handle.last_add_confirmed = end
+            written_back += len(payloads)
+            entry = end + 1
+            avg = max(1, sum(len(p) for p in payloads) // len(payloads))
+            chunk = max(1, min(RECOVERY_MAX_CHUNK_ENTRIES, RECOVERY_CHUNK_BYTES // avg))
         while True:
             try:
                 payload = (await handle._read_with_fallback(handle.write_set(entry), entry, entry))[0]
@@ -615,22 +789,33 @@ class BookKeeper:
         return handle
 
     async def _write_back(self, handle: LedgerHandle, entry_id: int, payload: bytes) -> None:
+        await self._write_back_many(handle, entry_id, [payload])
+
+    async def _write_back_many(self, handle: LedgerHandle, first: int, payloads: list[bytes]) -> None:
+        """Write entries ``first, first+1, ...`` back to their write sets (recovery adds),
+        all pipelined; raises BookieUnavailableError if one reached fewer than Qa bookies."""
         loop = asyncio.get_running_loop()
-        write_set = handle.write_set(entry_id)
         futures = []
-        for address in write_set:
-            fut = loop.create_future()
-            futures.append(fut)
-            request = pb.AddEntryRequest(ledger_id=handle.ledger_id, entry_id=entry_id,
-                                         master_key=handle.metadata.password, payload=payload,
-                                         last_add_confirmed=entry_id - 1, recovery=True)
-            self.connection(address).add(
-                request, lambda s, m, f=fut: f.done() or f.set_result((s, m)))
-        results = await asyncio.gather(*futures)
-        ok = sum(1 for s, _ in results if s == pb.EOK)
-        if ok < handle.metadata.ack_quorum_size:
-            raise BookieUnavailableError(
-                f"ledger {handle.ledger_id}: recovery write-back of entry {entry_id} reached {ok} bookies: {results}")
+        for i, payload in enumerate(payloads):
+            entry_id = first + i
+            for address in handle.write_set(entry_id):
+                fut = loop.create_future()
+                futures.append((entry_id, fut))
+                request = pb.AddEntryRequest(ledger_id=handle.ledger_id, entry_id=entry_id,
+                                             master_key=handle.metadata.password, payload=payload,
+                                             last_add_confirmed=entry_id - 1, recovery=True)
+                self.connection(address).add(
+                    request, lambda s, m, f=fut: f.done() or f.set_result((s, m)))
+        await asyncio.gather(*(f for _, f in futures))
+        by_entry: dict[int, list] = {}
+        for entry_id, fut in futures:
+            by_entry.setdefault(entry_id, []).append(fut.result())
+        for entry_id, results in by_entry.items():
+            ok = sum(1 for s, _ in results if s == pb.EOK)
+            if ok < handle.metadata.ack_quorum_size:
+                raise BookieUnavailableError(
+                    f"ledger {handle.ledger_id}: recovery write-back of entry {entry_id} reached {ok} bookies: "
+                    f"{results}")
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's entries on its bookies (best effort) and its metadata."""

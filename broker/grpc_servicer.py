@@ -192,8 +192,9 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                             pos = Position(m.ledger_id, m.entry_id)
                             if pos.ledger_id < 0:
                                 pos = topic.ml.first_position()
-                        await subscription.reset_cursor(pos)
-                        writer.send(_status_response(req.seek.request_id, None))
+                        request_id = req.seek.request_id
+                        await subscription.reset_cursor(
+                            pos, before_resume=lambda: writer.send(_status_response(request_id, None)))
                     except Exception as exc:
                         writer.send(_status_response(req.seek.request_id, exc))
                 elif kind == "unsubscribe":

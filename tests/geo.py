@@ -168,31 +168,43 @@ class RawConsumer:
         first = await self.call.read()
         assert first.HasField("subscribed"), first
         await self.call.write(pb.ConsumerRequest(flow=pb.Flow(permits=permits)))
+        import asyncio
+        self.queue = asyncio.Queue()
+        self._pump_task = asyncio.create_task(self._pump())
         return self
 
-    async def receive(self, n: int, timeout_s: float = 20.0):
-        """Next n messages: [(position, md, payload)]."""
-        import asyncio
-        import time
-
+    async def _pump(self):
         from client.batching import parse_batch
         from client.entry_format import decode_entry
 
+        try:
+            while True:
+                resp = await self.call.read()
+                if resp is grpc.aio.EOF:
+                    return
+                if resp.HasField("messages"):
+                    for e in resp.messages.entries:
+                        md, payload = decode_entry(e.headers_and_payload)
+                        for _, data in parse_batch(md, bytes(payload)):
+                            self.queue.put_nowait((e.position, md, data))
+        except (grpc.aio.AioRpcError, __import__("asyncio").CancelledError):
+            return
+
+    async def receive(self, n: int, timeout_s: float = 20.0):
+        """Next n messages (fewer on timeout): [(position, md, payload)]."""
+        import asyncio
+        import time
+
         deadline = time.monotonic() + timeout_s
-        while len(self.buffer) < n:
+        out = []
+        while len(out) < n:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
-                resp = await asyncio.wait_for(self.call.read(), remaining)
+                out.append(await asyncio.wait_for(self.queue.get(), remaining))
             except asyncio.TimeoutError:
                 break
-            if resp.HasField("messages"):
-                for e in resp.messages.entries:
-                    md, payload = decode_entry(e.headers_and_payload)
-                    for _, data in parse_batch(md, bytes(payload)):
-                        self.buffer.append((e.position, md, data))
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
         return out
 
     async def ack_cumulative(self, position):
@@ -208,3 +220,4 @@ class RawConsumer:
     def close(self):
         if self.call is not None:
             self.call.cancel()
+            self._pump_task.cancel()

@@ -54,6 +54,38 @@ class GeoBrokerService(BrokerService):
             self._policy_task.cancel()
         await super().close()
 
+    def extra_metrics(self):
+        """PIP-33 metrics: pending / timed-out snapshots, snapshot latency, and the
+        age of the last applied UPDATE per topic and subscription."""
+        import time as _time
+
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        from .controller import ControllerStats
+
+        cluster = self.config.cluster_name
+        pending = GaugeMetricFamily("pulsar_replicated_subscriptions_pending_snapshots",
+                                    "Snapshots in progress", labels=["cluster"])
+        pending.add_metric([cluster], ControllerStats.pending)
+        timed_out = CounterMetricFamily("pulsar_replicated_subscriptions_timedout_snapshots",
+                                        "Snapshots that timed out", labels=["cluster"])
+        timed_out.add_metric([cluster], ControllerStats.timed_out)
+        lat = list(ControllerStats.latencies_ms)
+        latency = SummaryMetricFamily("pulsar_replicated_subscriptions_snapshot_latency_ms",
+                                      "Snapshot completion latency (ms)", labels=["cluster"])
+        latency.add_metric([cluster], count_value=len(lat), sum_value=sum(lat))
+        age = GaugeMetricFamily("pulsar_replicated_subscription_last_update_age_seconds",
+                                "Seconds since the last UPDATE applied to this subscription",
+                                labels=["cluster", "topic", "subscription"])
+        now = _time.time() * 1000
+        for topic in list(self.topics.values()):
+            ctl = topic.controller
+            if ctl is None:
+                continue
+            for sub, t in list(ctl.last_update_applied_ms.items()):
+                age.add_metric([cluster, str(topic.name), sub], (now - t) / 1000.0)
+        return [pending, timed_out, latency, age]
+
     # ---- policy plumbing --------------------------------------------------
     def _on_metadata_change(self, notification) -> None:
         if self._check_pending is None or self._check_pending.done():

@@ -63,6 +63,7 @@ class Dispatcher:
         self.max_read_batch = subscription.topic.config.dispatcher_max_read_batch_size
         self._avg_messages_per_entry = 1.0
         self._dispatched = 0
+        self.paused = False     # during a seek, until its answer went out
 
     # ---- lifecycle --------------------------------------------------------
     def start(self) -> None:
@@ -112,6 +113,8 @@ class Dispatcher:
         self.wake()
 
     def total_permits(self) -> int:
+        if self.paused:
+            return 0
         return sum(c.available_permits() for c in self.consumers)
 
     # ---- loop -----------------------------------------------------------
@@ -214,7 +217,7 @@ class Dispatcher:
         if items:
             self._avg_messages_per_entry = 0.8 * self._avg_messages_per_entry + 0.2 * (total_msgs / len(items))
         if to_ack:
-            self.cursor.delete_nowait(to_ack)
+            self.subscription.acknowledge_server_side(to_ack)
         return items
 
     def _release_delayed(self) -> None:
@@ -278,7 +281,9 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         self._update_active()
 
     def total_permits(self) -> int:
-        return self.active.available_permits() if self.active is not None else 0
+        if self.paused or self.active is None:
+            return 0
+        return self.active.available_permits()
 
     def redeliver(self, positions, count: bool = True) -> None:
         # Keep order for the single active consumer: rewind and re-read.

@@ -204,14 +204,32 @@ class Subscription:
             self.dispatcher.wake()
 
     # ---- seek / figures / unsubscribe ------------------------------------
-    async def reset_cursor(self, position: Position) -> None:
-        """Move the subscription so ``position`` is the next message delivered."""
-        if self.dispatcher is not None:
-            self.dispatcher.reset()
-        self.redelivery_counts.clear()
-        await self.cursor.reset(position)
-        if self.dispatcher is not None:
-            self.dispatcher.wake()
+    async def reset_cursor(self, position: Position, before_resume=None) -> None:
+        """Move the subscription so ``position`` is the next message delivered.
+        Dispatch pauses until the new state is durable and ``before_resume()`` ran
+        (the servicer queues the seek's answer there), so no entry from the new
+        position reaches a consumer before the answer."""
+        dispatcher = self.dispatcher
+        if dispatcher is not None:
+            dispatcher.paused = True
+            dispatcher.reset()
+        try:
+            self.redelivery_counts.clear()
+            await self.cursor.reset(position)
+            if before_resume is not None:
+                before_resume()
+        finally:
+            if dispatcher is not None:
+                dispatcher.paused = False
+                dispatcher.wake()
+
+    def acknowledge_server_side(self, positions: list[Position]) -> None:
+        """Acknowledge entries the broker consumed itself (markers, corrupt entries);
+        like a consumer ack, moving the mark-delete position may emit an UPDATE."""
+        md_before = self.cursor.mark_delete_position
+        self.cursor.delete_nowait(positions).add_done_callback(lambda f: f.cancelled() or f.exception())
+        if self.cursor.mark_delete_position != md_before:
+            self._mark_delete_moved()
 
     def backlog(self) -> int:
         """msgBacklog: entries not acknowledged, markers excluded."""

@@ -1,0 +1,637 @@
+"""One consumer of one topic or partition on its gRPC stream (Pulsar's
+ConsumerImpl + its ConnectionHandler): subscribe, flow permits, splitting
+pushed entries into messages, grouped acks, negative acks, ack timeout,
+dead letters, seek, unsubscribe and reconnection with backoff.
+
+Not public: ``Consumer``, ``MultiTopicsConsumer`` and ``Reader`` (the user
+API) drive one or several ``ConsumerImpl``.  Everything runs on the client's
+event loop; the plain ack methods may be called from another thread (they
+hop onto the loop).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import string
+import time
+from typing import Callable
+
+import grpc
+
+from client.ack_grouping import AcknowledgmentsGroupingTracker
+from client.consumer_config import ConsumerConfig, ConsumerType
+from client.dead_letter import DeadLetterPublisher
+from client.entry_splitter import EntrySplitter, StartFilter
+from client.errors import AlreadyClosed, ConnectError, PulsarException, Timeout, error_from_status
+from client.message import Message
+from client.message_id import MessageId
+from client.receiver_queue import FlowPermits, ReceiverQueue
+from client.redelivery_trackers import NegativeAcksTracker, UnAckedMessageTracker
+from proto import broker_pb2 as pb
+
+try:  # the client's shared backoff (client/connection.py), if present
+    from client.connection import Backoff
+except ImportError:  # pragma: no cover - fallback while connection.py is missing
+    class Backoff:  # type: ignore[no-redef]
+        """Exponential backoff: ``next()`` -> seconds, doubling up to ``max_delay``."""
+
+        def __init__(self, initial: float = 0.1, max_delay: float = 30.0):
+            self.initial, self.max_delay = initial, max_delay
+            self.reset()
+
+        def reset(self) -> None:
+            self._next = self.initial
+
+        def next(self) -> float:
+            delay, self._next = self._next, min(self.max_delay, self._next * 2)
+            return delay * random.uniform(0.9, 1.0)
+
+__all__ = ["ConsumerImpl", "now_ms", "random_consumer_name"]
+
+log = logging.getLogger(__name__)
+_CHUNK_EXPIRY_CHECK_MS = 1000
+_CLOSE_GRACE_S = 2.0
+
+
+def now_ms() -> int:
+    """Wall-clock ms (the trackers' clock)."""
+    return int(time.time() * 1000)
+
+
+def random_consumer_name() -> str:
+    """A random 5-letter name, as Pulsar's ConsumerName.generateRandomName()."""
+    return "".join(random.choices(string.ascii_lowercase, k=5))
+
+
+def _position(mid: MessageId) -> pb.Position:
+    return pb.Position(ledger_id=mid.ledger_id, entry_id=mid.entry_id)
+
+
+class ConsumerImpl:
+    """Consumer of one topic or partition.
+
+    ``topic``: full topic/partition name; ``conf``: validated ``ConsumerConfig``;
+    ``partition``: index put in message ids (-1 = not partitioned);
+    ``queue``: receive queue (shared by a multi-topic consumer's children;
+    default: own); ``topic_in_ids``: message ids are ``TopicMessageId``;
+    ``durable`` False for a Reader, which starts at ``start_message_id``
+    (``start_inclusive``) and, after a reconnection, right after the last
+    message it handed out; ``dead_letter``: publisher of the dead-letter
+    topic (required when ``conf.dead_letter_policy`` is set);
+    ``on_failed(impl, exc)``: called when the consumer gives up reconnecting.
+    """
+
+    def __init__(self, client, topic: str, conf: ConsumerConfig, *, partition: int = -1,
+                 queue: ReceiverQueue | None = None, topic_in_ids: bool = False, durable: bool = True,
+                 start_message_id: MessageId | None = None, start_inclusive: bool = False,
+                 dead_letter: DeadLetterPublisher | None = None,
+                 on_failed: Callable[["ConsumerImpl", PulsarException], None] | None = None):
+        self._client = client
+        self._loop = asyncio.get_running_loop()
+        self.topic = topic
+        self.conf = conf
+        self.partition = partition
+        self.queue = queue if queue is not None else ReceiverQueue()
+        self._owns_queue = queue is None
+        self.durable = durable
+        self._start_id = start_message_id
+        self._start_inclusive = start_inclusive
+        self.last_dequeued: MessageId | None = None
+        self.consumer_name = conf.consumer_name or random_consumer_name()
+        self._dead_letter = dead_letter
+        self._on_failed = on_failed
+
+        self.permits = FlowPermits(conf.receiver_queue_size)
+        self.tracker = AcknowledgmentsGroupingTracker(conf.ack_group_time_ms, conf.batch_index_ack_enabled)
+        self.splitter = EntrySplitter(
+            topic, partition, topic_in_ids=topic_in_ids, tracker=self.tracker,
+            max_pending_chunked_message=conf.max_pending_chunked_message,
+            expire_time_of_incomplete_chunked_message_ms=conf.expire_time_of_incomplete_chunked_message_ms,
+            auto_ack_oldest_chunked_message_on_queue_full=conf.auto_ack_oldest_chunked_message_on_queue_full)
+        self.unacked = (UnAckedMessageTracker(conf.unacked_messages_timeout_ms)
+                        if conf.unacked_messages_timeout_ms else None)
+        self.nacks = NegativeAcksTracker(conf.negative_ack_redelivery_delay_ms)
+
+        self.active = conf.consumer_type is not ConsumerType.Failover
+        self.reached_end_of_topic = False
+        self.closed = False
+        self._stopping = False  # unsubscribed: the broker ends the stream, do not reconnect
+        self.failed: PulsarException | None = None
+        self._call = None
+        self._connected = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._request_ids = itertools.count(1)
+        self._requests: dict[int, asyncio.Future] = {}
+        self._on_success: dict[int, Callable[[], None]] = {}
+        self._wake = asyncio.Event()
+        self._flush_now = False
+        self._pending_flow = 0
+        self._pending_redeliver: dict[MessageId, None] = {}
+        self._redeliver_all = False
+        self._background: set[asyncio.Task] = set()
+        self._run_task: asyncio.Task | None = None
+        self._maintenance_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Subscribe (errors propagate: ``ConsumerBusy``, ``TopicNotFound``,
+        ``NotAllowed``, ``Timeout``...) and start the background tasks."""
+        await self._connect()
+        self._run_task = self._loop.create_task(self._run())
+        self._maintenance_task = self._loop.create_task(self._maintenance())
+
+    def _subscribe_request(self) -> pb.ConsumerRequest:
+        conf = self.conf
+        sub = pb.Subscribe(topic=self.topic, subscription=conf.subscription_name,
+                           sub_type=conf.consumer_type.value, consumer_name=self.consumer_name,
+                           priority_level=conf.priority_level, initial_position=conf.initial_position.value,
+                           durable=self.durable,
+                           replicate_subscription_state=conf.replicate_subscription_state_enabled,
+                           metadata=conf.properties or {})
+        if not self.durable:
+            start, inclusive = self._start_id or MessageId.latest, self._start_inclusive
+            if self.last_dequeued is not None:
+                start, inclusive = self.last_dequeued, False
+            if start.batch_index >= 0:  # the broker knows entries: start at it, skip earlier indexes here
+                self.splitter.start_filter = StartFilter(start.ledger_id, start.entry_id,
+                                                         start.batch_index + (0 if inclusive else 1))
+                inclusive = True
+            sub.start_message_id.CopyFrom(_position(start))
+            sub.start_message_id_inclusive = inclusive
+        return pb.ConsumerRequest(subscribe=sub)
+
+    async def _connect(self) -> None:
+        timeout = self._client.operation_timeout_seconds
+        call = self._client.stub.Consume()
+        try:
+            await asyncio.wait_for(call.write(self._subscribe_request()), timeout)
+            deadline = self._loop.time() + timeout
+            while True:
+                resp = await asyncio.wait_for(call.read(), max(0.001, deadline - self._loop.time()))
+                if resp is grpc.aio.EOF:
+                    raise ConnectError(f"broker closed the consumer stream of {self.topic} while subscribing")
+                kind = resp.WhichOneof("response")
+                if kind == "subscribed":
+                    break
+                if kind == "error":
+                    raise error_from_status(resp.error.error, resp.error.message)
+                self._handle(resp)
+        except grpc.aio.AioRpcError as e:
+            call.cancel()
+            raise error_from_status(e.code(), e.details()) from None
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise Timeout(f"subscribing to {self.topic} took more than {timeout} s") from None
+        except BaseException:
+            call.cancel()
+            raise
+        self._call = call
+        self._pending_flow = 0
+        self._pending_redeliver.clear()
+        self._redeliver_all = False
+        self._connected.set()
+        await self._write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial())))
+        if self.tracker.has_pending():
+            self._flush_now = True
+            self._wake.set()
+
+    async def _run(self) -> None:
+        """Read the stream; on a break, reconnect with backoff."""
+        while True:
+            call = self._call
+            try:
+                while True:
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        break
+                    self._handle(resp)
+                error: PulsarException = ConnectError("broker ended the consumer stream")
+            except grpc.aio.AioRpcError as e:
+                error = error_from_status(e.code(), e.details())
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep the consumer alive, reconnect
+                log.exception("[%s][%s] consumer stream failed", self.topic, self.conf.subscription_name)
+                error = ConnectError(str(e))
+            if self.closed or self._stopping:
+                return
+            log.info("[%s][%s] consumer disconnected (%s); reconnecting", self.topic,
+                     self.conf.subscription_name, error)
+            self._on_disconnected(error)
+            if not await self._reconnect():
+                return
+
+    def _on_disconnected(self, error: PulsarException) -> None:
+        call, self._call = self._call, None
+        self._connected.clear()
+        if call is not None:
+            call.cancel()
+        for fut in self._requests.values():
+            if not fut.done():
+                fut.set_exception(ConnectError(f"connection to the broker lost: {error}"))
+        # As Pulsar's clearReceiverQueue: drop what was not handed out; the broker redelivers it.
+        self.queue.remove_if(lambda m: m._consumer is self)
+        self.splitter.clear()
+
+    async def _reconnect(self) -> bool:
+        backoff = Backoff(0.1, 30.0)
+        while not self.closed:
+            await asyncio.sleep(backoff.next())
+            if self.closed:
+                return False
+            try:
+                await self._connect()
+                log.info("[%s][%s] consumer reconnected", self.topic, self.conf.subscription_name)
+                return True
+            except PulsarException as e:
+                if not e.retriable and not isinstance(e, Timeout):
+                    log.error("[%s][%s] giving up reconnecting: %s", self.topic, self.conf.subscription_name, e)
+                    self._fail(e)
+                    return False
+                log.info("[%s][%s] reconnect failed (%s)", self.topic, self.conf.subscription_name, e)
+            except Exception as e:  # noqa: BLE001 - e.g. the channel was closed under us
+                if self.closed:
+                    return False
+                log.warning("[%s][%s] reconnect failed: %r", self.topic, self.conf.subscription_name, e)
+        return False
+
+    def _fail(self, exc: PulsarException) -> None:
+        self.failed = exc
+        if self._owns_queue:
+            self.queue.close(exc)
+        if self._on_failed is not None:
+            self._on_failed(self, exc)
+
+    async def close(self, flush: bool = True) -> None:
+        """Flush pending acks (waiting for the broker, briefly), end the stream,
+        stop the tasks.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._maintenance_task is not None:
+            self._maintenance_task.cancel()
+        call = self._call
+        if call is not None and flush:
+            try:
+                await asyncio.wait_for(self._flush_acks_and_wait(), _CLOSE_GRACE_S)
+            except (PulsarException, asyncio.TimeoutError, grpc.aio.AioRpcError) as e:
+                log.debug("[%s] acks not confirmed at close: %s", self.topic, e)
+            try:
+                async with self._write_lock:
+                    await asyncio.wait_for(call.done_writing(), _CLOSE_GRACE_S)
+                if self._run_task is not None:
+                    await asyncio.wait_for(asyncio.shield(self._run_task), _CLOSE_GRACE_S)
+            except Exception as e:  # noqa: BLE001 - timeouts, a broken stream: we are closing anyway
+                log.debug("[%s] consumer stream did not end cleanly: %r", self.topic, e)
+        for task in (self._run_task, self._maintenance_task, *self._background):
+            if task is not None and not task.done():
+                task.cancel()
+        if call is not None:
+            call.cancel()
+        self._call = None
+        self._connected.clear()
+        for fut in self._requests.values():
+            if not fut.done():
+                fut.set_exception(AlreadyClosed("consumer closed"))
+        if self._owns_queue:
+            self.queue.close()
+        else:
+            self.queue.remove_if(lambda m: m._consumer is self)
+
+    # ------------------------------------------------------------------ sending
+    async def _write(self, request: pb.ConsumerRequest) -> None:
+        call = self._call
+        if call is None:
+            raise ConnectError(f"consumer of {self.topic} is not connected")
+        try:
+            async with self._write_lock:
+                await call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+            raise ConnectError(f"consumer stream of {self.topic} is broken: {e}") from None
+
+    async def _wait_connected(self) -> None:
+        if self.closed:
+            raise AlreadyClosed("consumer is closed")
+        if self.failed is not None:
+            raise self.failed
+        if self._call is None:
+            try:
+                await asyncio.wait_for(self._connected.wait(), self._client.operation_timeout_seconds)
+            except asyncio.TimeoutError:
+                raise Timeout(f"consumer of {self.topic} is not connected to the broker") from None
+
+    async def request(self, **command) -> None:
+        """Send a command carrying a request id (``seek=pb.Seek(...)``,
+        ``unsubscribe=...``, ``ack=...``) and wait for CommandSuccess; raises
+        the CommandError as its client exception, ``Timeout`` after the
+        operation timeout, ``ConnectError`` if the stream breaks meanwhile,
+        ``AlreadyClosed``.  ``on_success=callable`` may be given (see ``_request``)."""
+        await self._wait_connected()
+        await self._request(**command)
+
+    async def _request(self, on_success: Callable[[], None] | None = None, **command) -> None:
+        """``request`` without the open/connected checks (used while closing).
+        ``on_success`` runs when the CommandSuccess is read, before any later
+        response of the stream is handled."""
+        (field, body), = command.items()
+        rid = next(self._request_ids)
+        body.request_id = rid
+        fut = self._loop.create_future()
+        self._requests[rid] = fut
+        if on_success is not None:
+            self._on_success[rid] = on_success
+        try:
+            await self._write(pb.ConsumerRequest(**{field: body}))
+            await asyncio.wait_for(fut, self._client.operation_timeout_seconds)
+        except asyncio.TimeoutError:
+            raise Timeout(f"{field} on {self.topic}: no answer within "
+                          f"{self._client.operation_timeout_seconds} s") from None
+        finally:
+            self._requests.pop(rid, None)
+            self._on_success.pop(rid, None)
+
+    # ------------------------------------------------------------------ receiving
+    def _handle(self, resp: pb.ConsumerResponse) -> None:
+        kind = resp.WhichOneof("response")
+        if kind == "messages":
+            self._on_entries(resp.messages.entries)
+        elif kind in ("success", "error"):
+            body = getattr(resp, kind)
+            fut = self._requests.get(body.request_id)
+            if fut is not None and not fut.done():
+                if kind == "success":
+                    callback = self._on_success.pop(body.request_id, None)
+                    if callback is not None:
+                        callback()
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error_from_status(body.error, body.message))
+            elif kind == "error":
+                log.warning("[%s][%s] broker error: %s: %s", self.topic, self.conf.subscription_name,
+                            body.error, body.message)
+        elif kind == "active_change":
+            self.active = resp.active_change.is_active
+        elif kind == "end_of_topic":
+            self.reached_end_of_topic = True
+
+    def _on_entries(self, entries) -> None:
+        now = now_ms()
+        deliver: list[Message] = []
+        skipped = 0
+        ack_flush = False
+        policy = self.conf.dead_letter_policy
+        for entry in entries:
+            result = self.splitter.split(entry, now)
+            skipped += result.skipped
+            for mid in result.ack:
+                ack_flush |= self.tracker.add_individual(mid, now)
+            for mid in result.redeliver:
+                self._pending_redeliver[mid.entry_id_only()] = None
+            if not result.messages:
+                continue
+            if policy is not None and entry.redelivery_count >= policy.max_redeliver_count \
+                    and self._dead_letter is not None:
+                skipped += len(result.messages)
+                for msg in result.messages:
+                    self._spawn(self._dead_letter_one(msg))
+                continue
+            for msg in result.messages:
+                msg._consumer = self
+            deliver.extend(result.messages)
+        if deliver:
+            self.queue.put_many(deliver)
+        wake = ack_flush or bool(self._pending_redeliver)
+        if ack_flush:
+            self._flush_now = True
+        if skipped:
+            wake |= self._return_permits(skipped)
+        if wake or self.tracker.has_pending():
+            self._wake.set()
+
+    async def _dead_letter_one(self, msg: Message) -> None:
+        try:
+            await self._dead_letter.publish(msg)
+        except Exception as e:  # noqa: BLE001 - retried through a redelivery
+            log.warning("[%s][%s] publishing %s to the dead-letter topic %s failed (%s); redelivering it",
+                        self.topic, self.conf.subscription_name, msg.message_id(), self._dead_letter.topic, e)
+            if not self.closed:
+                for p in msg._entry_positions():
+                    self._pending_redeliver[p] = None
+                self._wake.set()
+            return
+        self.ack_individual(msg.message_id(), msg)
+
+    def _spawn(self, coro) -> None:
+        task = self._loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _return_permits(self, count: int) -> bool:
+        permits = self.permits.processed(count)
+        if permits:
+            self._pending_flow += permits
+            return True
+        return False
+
+    def on_dequeued(self, msg: Message) -> None:
+        """The application took ``msg`` from the queue: permits, ack timeout, last id."""
+        self.last_dequeued = msg.message_id()
+        if self.unacked is not None:
+            self.unacked.add(msg.message_id(), now_ms(), msg._entry_positions())
+        if self._return_permits(1):
+            self._wake.set()
+
+    # ------------------------------------------------------------------ acks (on the loop)
+    def in_loop(self, fn, *args) -> None:
+        """Run ``fn(*args)`` now if on the loop's thread, else schedule it there."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _after_ack(self, was_pending: bool, flush: bool) -> None:
+        if flush:
+            self._flush_now = True
+        if flush or not was_pending:
+            self._wake.set()
+
+    def ack_individual(self, mid: MessageId, msg: Message | None = None) -> None:
+        """Group an individual ack of ``mid`` (``msg`` gives the chunk ids)."""
+        if self.closed:
+            return
+        was_pending = self.tracker.has_pending()
+        flush = self.tracker.add_individual(mid, now_ms(), msg._chunk_ids if msg is not None else None)
+        if self.unacked is not None:
+            self.unacked.remove(mid)
+        self._after_ack(was_pending, flush)
+
+    def ack_cumulative(self, mid: MessageId) -> None:
+        """Group a cumulative ack up to ``mid``."""
+        if self.closed:
+            return
+        was_pending = self.tracker.has_pending()
+        flush = self.tracker.add_cumulative(mid, now_ms())
+        if self.unacked is not None:
+            self.unacked.remove_up_to(mid)
+        self._after_ack(was_pending, flush)
+
+    def negative_ack(self, mid: MessageId, msg: Message | None = None) -> None:
+        """Redeliver ``mid`` after ``negative_ack_redelivery_delay_ms``."""
+        if self.closed:
+            return
+        first = len(self.nacks) == 0
+        positions = msg._entry_positions() if msg is not None else None
+        self.nacks.add(mid, now_ms(), positions)
+        if self.unacked is not None:
+            self.unacked.remove(mid)
+        if first:
+            self._wake.set()
+
+    async def _flush_acks_and_wait(self) -> None:
+        frames = self.tracker.flush()
+        waits = []
+        for ack in frames:
+            waits.append(self._request(ack=ack))
+        if waits:
+            await asyncio.gather(*waits)
+
+    async def flush_acks_and_wait(self) -> None:
+        """Send every pending ack now and wait for the broker's CommandSuccess
+        (the ``*_and_wait`` ack variants).  Raises like ``request``."""
+        await self._wait_connected()
+        await self._flush_acks_and_wait()
+
+    def redeliver_unacknowledged(self, positions: list[MessageId] | None = None) -> None:
+        """Pulsar's redeliverUnacknowledgedMessages: ``positions`` (entry ids) or,
+        when None or on Exclusive/Failover (where order matters), everything
+        unacknowledged.  Messages still queued for them are dropped and their
+        permits given back."""
+        if self.closed:
+            return
+        if positions is None or self.conf.consumer_type.allows_cumulative_ack:
+            removed = self.queue.remove_if(lambda m: m._consumer is self)
+            self._redeliver_all = True
+            self._pending_redeliver.clear()
+            if self.unacked is not None:
+                self.unacked.clear()
+            self.nacks.clear()
+        else:
+            wanted = {p.entry_id_only() for p in positions}
+            removed = self.queue.remove_if(
+                lambda m: m._consumer is self and any(p in wanted for p in m._entry_positions()))
+            for p in wanted:
+                self._pending_redeliver[p] = None
+        self._return_permits(len(removed))
+        self._wake.set()
+
+    # ------------------------------------------------------------------ seek / unsubscribe
+    async def seek(self, target: MessageId | int) -> None:
+        """Reset the subscription to message id ``target`` (that message is the
+        next one) or to publish time ``target`` (ms).  Pending acks are flushed
+        first; queued messages, trackers and chunks are dropped after."""
+        if isinstance(target, MessageId):
+            seek = pb.Seek(message_id=_position(target))
+            start_filter = (StartFilter(target.ledger_id, target.entry_id, target.batch_index)
+                            if target.batch_index > 0 else None)
+        elif isinstance(target, int) and not isinstance(target, bool) and target >= 0:
+            seek, start_filter = pb.Seek(publish_time=target), None
+        else:
+            raise ValueError(f"seek target must be a MessageId or a publish time in ms, got {target!r}")
+        await self._wait_connected()
+        try:
+            await self._flush_acks_and_wait()
+        except PulsarException as e:
+            log.debug("[%s] acks before seek not confirmed: %s", self.topic, e)
+        await self.request(seek=seek, on_success=lambda: self._after_seek(target, start_filter))
+
+    def _after_seek(self, target: MessageId | int, start_filter: StartFilter | None) -> None:
+        """Runs as the seek's CommandSuccess is read, so that every message
+        read after it comes from the new position and is kept."""
+        self.tracker.clear()
+        removed = self.queue.remove_if(lambda m: m._consumer is self)
+        self._return_permits(len(removed))
+        if self.unacked is not None:
+            self.unacked.clear()
+        self.nacks.clear()
+        self.splitter.clear()
+        self.splitter.start_filter = start_filter
+        self._pending_redeliver.clear()
+        self._redeliver_all = False
+        self.reached_end_of_topic = False
+        if not self.durable:
+            self.last_dequeued = None
+            if isinstance(target, MessageId):
+                self._start_id, self._start_inclusive = target, True
+        self._wake.set()
+
+    async def unsubscribe(self) -> None:
+        """Delete the subscription on the broker, then close.  Raises the
+        broker's error (e.g. other consumers still connected)."""
+        await self.request(unsubscribe=pb.Unsubscribe(), on_success=lambda: setattr(self, "_stopping", True))
+        await self.close(flush=False)
+
+    # ------------------------------------------------------------------ maintenance
+    async def _maintenance(self) -> None:
+        """Sends flows, grouped acks and redeliveries; fires ack timeouts,
+        negative-ack delays and chunk expiry."""
+        while not self.closed:
+            self._wake.clear()
+            now = now_ms()
+            if self._call is not None:
+                try:
+                    await self._maintain(now)
+                except ConnectError as e:
+                    log.debug("[%s] maintenance: %s", self.topic, e)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001
+                    log.exception("[%s] consumer maintenance failed", self.topic)
+            deadline = self._next_deadline(now)
+            timeout = None if deadline is None else max(0.0, (deadline - now_ms()) / 1000)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def _next_deadline(self, now: int) -> int | None:
+        candidates = [self.tracker.flush_due_ms(), self.nacks.next_deadline_ms()]
+        if self.unacked is not None:
+            candidates.append(self.unacked.next_deadline_ms())
+        if len(self.splitter.chunks):
+            candidates.append(now + _CHUNK_EXPIRY_CHECK_MS)
+        due = [c for c in candidates if c is not None]
+        return min(due) if due else None
+
+    async def _maintain(self, now: int) -> None:
+        expired = self.nacks.expired(now)
+        if self.unacked is not None:
+            expired += self.unacked.expired(now)
+        if expired:
+            self.redeliver_unacknowledged(expired)
+        if len(self.splitter.chunks):
+            for mid in self.splitter.expire_chunks(now):
+                self.tracker.add_individual(mid, now)
+        requests = []
+        if self._pending_flow:
+            requests.append(pb.ConsumerRequest(flow=pb.Flow(permits=self._pending_flow)))
+            self._pending_flow = 0
+        due = self.tracker.flush_due_ms()
+        if due is not None and (self._flush_now or now >= due):
+            self._flush_now = False
+            requests.extend(pb.ConsumerRequest(ack=ack) for ack in self.tracker.flush())
+        if self._redeliver_all:
+            self._redeliver_all = False
+            self._pending_redeliver.clear()
+            requests.append(pb.ConsumerRequest(redeliver=pb.RedeliverUnacknowledged()))
+        elif self._pending_redeliver:
+            positions = [_position(p) for p in self._pending_redeliver]
+            self._pending_redeliver.clear()
+            requests.append(pb.ConsumerRequest(redeliver=pb.RedeliverUnacknowledged(positions=positions)))
+        for req in requests:
+            await self._write(req)

@@ -1,0 +1,186 @@
+"""Turning pushed entries into messages, sans-I/O (Pulsar's
+ConsumerImpl.messageReceived / receiveIndividualMessagesFromBatch /
+processMessageChunk / discardCorruptedMessage).
+
+One ``EntryMessage`` (position, entry bytes, redelivery count, ack set)
+becomes zero or more ``Message`` objects:
+
+1. ``decode_entry`` verifies the CRC32C; a corrupt entry is logged and
+   acknowledged (never delivered, never redelivered forever);
+2. marker entries (replication markers) are acknowledged, never delivered;
+3. a chunk goes to the ``ChunkedMessageAssembler``: nothing comes out until
+   the last chunk completes the message;
+4. the payload is decompressed;
+5. a batch is split with ``parse_batch``; indexes the broker reports as
+   acknowledged (ack set bit clear), duplicates of pending acks and messages
+   before the seek/start position are skipped.
+
+Every message not delivered counts in ``skipped``: the consumer gives those
+permits back to the broker.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from client.ack_grouping import AcknowledgmentsGroupingTracker, unacked_mask_from_ack_set
+from client.batching import is_batched, parse_batch
+from client.chunking import ChunkedMessageAssembler, is_chunk
+from client.compression import decompress
+from client.entry_format import decode_entry
+from client.errors import CorruptedMessage, InvalidConfiguration
+from client.message import Message, TopicMessageId
+from client.message_id import MessageId
+
+if TYPE_CHECKING:
+    from proto.broker_pb2 import EntryMessage
+    from proto.pulsar_api_pb2 import MessageMetadata
+
+__all__ = ["EntrySplitter", "SplitResult", "StartFilter"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SplitResult:
+    """What one entry produced.
+
+    ``messages``: to deliver, in order; ``ack``: entry ids to acknowledge now
+    (corrupt entries, markers, stale or expired chunks); ``redeliver``: chunk
+    ids to ask the broker to redeliver; ``skipped``: messages not delivered
+    (permits to give back)."""
+
+    messages: list[Message] = field(default_factory=list)
+    ack: list[MessageId] = field(default_factory=list)
+    redeliver: list[MessageId] = field(default_factory=list)
+    skipped: int = 0
+
+
+@dataclass(frozen=True)
+class StartFilter:
+    """Skip the messages of entry ``(ledger_id, entry_id)`` whose batch index is
+    below ``min_batch_index`` (a Reader started, or a consumer sought, at a
+    message inside a batch: the broker only knows entries)."""
+
+    ledger_id: int
+    entry_id: int
+    min_batch_index: int
+
+    def skips(self, ledger_id: int, entry_id: int, batch_index: int) -> bool:
+        return (ledger_id == self.ledger_id and entry_id == self.entry_id
+                and batch_index < self.min_batch_index)
+
+
+class EntrySplitter:
+    """Splits entries of one topic (or partition) into messages.  No I/O.
+
+    ``topic``: full topic name given to messages; ``partition``: partition
+    index put in message ids (-1: not partitioned); ``topic_in_ids``: build
+    ``TopicMessageId`` (multi-topic consumers); ``tracker``: the consumer's
+    ack tracker (batch entries are registered with it; pending acks filter
+    duplicates); chunk options as ``ChunkedMessageAssembler``.
+    """
+
+    def __init__(self, topic: str, partition: int = -1, *, topic_in_ids: bool = False,
+                 tracker: AcknowledgmentsGroupingTracker | None = None, max_pending_chunked_message: int = 10,
+                 expire_time_of_incomplete_chunked_message_ms: int = 60000,
+                 auto_ack_oldest_chunked_message_on_queue_full: bool = False):
+        self.topic = topic
+        self.partition = partition
+        self.topic_in_ids = topic_in_ids
+        self.tracker = tracker
+        self.start_filter: StartFilter | None = None
+        self.chunks = ChunkedMessageAssembler(max_pending_chunked_message,
+                                              expire_time_of_incomplete_chunked_message_ms,
+                                              auto_ack_oldest_chunked_message_on_queue_full)
+
+    def _id(self, ledger_id: int, entry_id: int, batch_index: int = -1, batch_size: int = 0) -> MessageId:
+        if self.topic_in_ids:
+            return TopicMessageId(ledger_id, entry_id, self.partition, batch_index, batch_size, topic=self.topic)
+        return MessageId(ledger_id, entry_id, self.partition, batch_index, batch_size)
+
+    def split(self, entry: "EntryMessage", now_ms: int) -> SplitResult:
+        """Messages of one pushed entry (see the module doc).  Never raises on
+        bad entry bytes: they end up in ``ack``."""
+        out = SplitResult()
+        ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+        entry_mid = self._id(ledger_id, entry_id)
+        try:
+            metadata, payload = decode_entry(entry.headers_and_payload)
+        except CorruptedMessage as e:
+            log.error("[%s] discarding corrupted entry %s: %s", self.topic, entry_mid, e)
+            out.ack.append(entry_mid)
+            out.skipped += 1
+            return out
+        if metadata.HasField("marker_type"):
+            out.ack.append(entry_mid)  # markers are for brokers only
+            out.skipped += 1
+            return out
+        chunk_ids: tuple[MessageId, ...] | None = None
+        if is_chunk(metadata):
+            completed = self.chunks.add(metadata, payload, entry_mid, now_ms)
+            discarded = self.chunks.take_discarded()
+            out.ack.extend(discarded.ack)
+            out.redeliver.extend(discarded.redeliver)
+            if completed is None:
+                out.skipped += 1
+                return out
+            payload, chunk_ids = completed.payload, tuple(completed.message_ids)
+            entry_mid = chunk_ids[-1]
+        try:
+            data = decompress(metadata.compression, payload, metadata.uncompressed_size)
+            batch = parse_batch(metadata, data) if is_batched(metadata) else None
+        except (CorruptedMessage, InvalidConfiguration) as e:
+            log.error("[%s] discarding undecodable message %s: %s", self.topic, entry_mid, e)
+            out.ack.extend(chunk_ids or (entry_mid,))
+            out.skipped += 1
+            return out
+        common = dict(publish_time=metadata.publish_time, redelivery_count=entry.redelivery_count,
+                      producer_name=metadata.producer_name,
+                      replicated_from=metadata.replicated_from if metadata.HasField("replicated_from") else None)
+        if batch is None:
+            mid = entry_mid
+            if self.tracker is not None and self.tracker.is_duplicate(mid):
+                out.skipped += 1
+                return out
+            out.messages.append(Message(
+                data, mid, self.topic, properties={p.key: p.value for p in metadata.properties},
+                partition_key=metadata.partition_key if metadata.HasField("partition_key") else None,
+                ordering_key=metadata.ordering_key if metadata.HasField("ordering_key") else None,
+                event_time=metadata.event_time, sequence_id=metadata.sequence_id, chunk_ids=chunk_ids, **common))
+            return out
+        self._split_batch(entry, metadata, batch, common, out)
+        return out
+
+    def _split_batch(self, entry: "EntryMessage", metadata: "MessageMetadata", batch: list, common: dict,
+                     out: SplitResult) -> None:
+        ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+        size = len(batch)
+        mask = unacked_mask_from_ack_set(entry.ack_set, size)
+        if self.tracker is not None:
+            self.tracker.register_batch(ledger_id, entry_id, size, mask)
+        for i, (smm, data) in enumerate(batch):
+            mid = self._id(ledger_id, entry_id, i, size)
+            if (not (mask >> i) & 1
+                    or (self.start_filter is not None and self.start_filter.skips(ledger_id, entry_id, i))
+                    or (self.tracker is not None and self.tracker.is_duplicate(mid))):
+                out.skipped += 1
+                continue
+            ordering_key = (smm.ordering_key if smm.HasField("ordering_key")
+                            else metadata.ordering_key if metadata.HasField("ordering_key") else None)
+            out.messages.append(Message(
+                b"" if smm.null_value else data, mid, self.topic,
+                properties={p.key: p.value for p in smm.properties},
+                partition_key=smm.partition_key if smm.HasField("partition_key") else None,
+                ordering_key=ordering_key, event_time=smm.event_time,
+                sequence_id=smm.sequence_id if smm.HasField("sequence_id") else metadata.sequence_id + i,
+                **common))
+
+    def expire_chunks(self, now_ms: int) -> list[MessageId]:
+        """Chunk ids of incomplete chunked messages that expired (to acknowledge, as Pulsar)."""
+        return self.chunks.expire(now_ms)
+
+    def clear(self) -> list[MessageId]:
+        """Drop incomplete chunked messages (reconnect, seek); returns their chunk ids."""
+        return self.chunks.clear()
