@@ -36,6 +36,8 @@ class BrokerConfig:
     replicated_subscriptions_snapshot_frequency_millis: int = 1000
     replicated_subscriptions_snapshot_timeout_seconds: int = 30
     replicated_subscriptions_snapshot_max_cached_per_subscription: int = 30
+    # beyond PIP-33: UPDATEs between snapshots carrying acknowledged origins, at most this often
+    replicated_subscriptions_update_interval_millis: int = 100
     # managed ledger / bookkeeper
     managed_ledger_max_entries_per_ledger: int = 50000
     managed_ledger_max_size_per_ledger_mb: int = 2048

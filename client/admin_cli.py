@@ -348,6 +348,15 @@ async def _brokers_health(a, args):
 
 
 # ---------------------------------------------------------------------------- running
+def _explain(exc: BaseException, url: str, timeout: float) -> str:
+    """The error line; an unreachable broker gets a hint instead of a bare gRPC status."""
+    from client.errors import ConnectError, Timeout
+    if isinstance(exc, (ConnectError, Timeout)):
+        return (f"no answer from the broker at {url} within {timeout:g} s ({error_line(exc)}); check "
+                f"--service-url (or ${SERVICE_URL_ENV}) and that the broker is running")
+    return error_line(exc)
+
+
 async def _run(args) -> int:
     from client.admin import AdminClient
 
@@ -365,7 +374,7 @@ async def _run(args) -> int:
                 raise
             failed += 1
             prefix = f"{url}: " if len(urls) > 1 else ""
-            print(f"error: {prefix}{error_line(exc)}", file=sys.stderr, flush=True)
+            print(f"error: {prefix}{_explain(exc, url, args.timeout)}", file=sys.stderr, flush=True)
             continue
         answers[url] = answer
         if not args.json:

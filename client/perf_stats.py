@@ -103,7 +103,7 @@ class LatencyRecorder:
         return result
 
     def total(self) -> dict[str, float]:
-        """Percentiles (ms) of every value since creation or ``reset()``."""
+        """Percentiles (ms) of every value since creation or ``reset_total()``."""
         self.drain()
         return histogram_percentiles(self.total_hist)
 
@@ -112,10 +112,10 @@ class LatencyRecorder:
         """Values in the total histogram plus those not drained yet."""
         return self.total_hist.get_total_count() + sum(self._counts.values())
 
-    def reset(self) -> None:
-        """Forget everything (used when the warm-up ends)."""
-        self._counts = {}
-        self.interval_hist.reset()
+    def reset_total(self) -> None:
+        """Restart the total histogram (the warm-up ends); the current
+        interval keeps its values."""
+        self.drain()
         self.total_hist.reset()
 
 
@@ -169,10 +169,10 @@ class Meter:
         self.bytes += nbytes
 
     def end_warmup(self, now: float) -> None:
-        """Start the measured period now: totals and the latency histograms restart."""
+        """Start the measured period now: totals and the total latency histogram restart."""
         self.start = now
         self._base_messages, self._base_bytes, self._base_errors = self.messages, self.bytes, self.errors
-        self.latency.reset()
+        self.latency.reset_total()
 
     def interval(self, now: float, pending: int | None = None) -> IntervalReport:
         """Rates since the previous call (or the start) and the interval's latencies."""
@@ -234,7 +234,8 @@ class TokenBucket:
     least 1), starting full.  ``rate`` <= 0 means unlimited.
 
     ``take(n, now)`` grants up to ``n`` tokens now (returns how many);
-    ``delay(now)`` says how long until the next token (seconds).  ``now`` is
+    ``delay(now)`` says how long until the next token (seconds); ``give_back(n)``
+    returns unused tokens.  ``now`` is
     seconds on a monotonic clock, never going backwards.
     """
 
@@ -259,6 +260,11 @@ class TokenBucket:
         if granted > 0:
             self.tokens -= granted
         return granted
+
+    def give_back(self, n: int) -> None:
+        """Return ``n`` tokens taken but not used (never above ``capacity``)."""
+        if not self.unlimited and n > 0:
+            self.tokens = min(self.capacity, self.tokens + n)
 
     def delay(self, now: float) -> float:
         """Seconds until at least one whole token is available (0.0 if one is)."""

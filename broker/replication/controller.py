@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_INDIVIDUAL_ACKS_IN_UPDATE = 10000     # origin ids carried per UPDATE (bounded marker size)
+MAX_INDIVIDUAL_ACKS_IN_UPDATE = 20000     # acknowledged origin ids looked at per UPDATE (ranges are sent)
 MAX_SCAN_FOR_INDIVIDUAL_ACKS = 50000      # entries the remote scans to match them
 
 
@@ -55,6 +55,8 @@ class ControllerStats:
 class ReplicatedSubscriptionsController:
     def __init__(self, topic: "PersistentTopic", local_cluster: str, config):
         self.topic = topic
+        self.update_interval_s = config.replicated_subscriptions_update_interval_millis / 1000.0
+        self._apply_lock = asyncio.Lock()
         self.local_cluster = local_cluster
         self.frequency_s = config.replicated_subscriptions_snapshot_frequency_millis / 1000.0
         self.timeout_ms = config.replicated_subscriptions_snapshot_timeout_seconds * 1000
@@ -141,40 +143,90 @@ class ReplicatedSubscriptionsController:
                 self.topic.write_marker(markers.snapshot(msg.snapshot_id, self.local_cluster, builder.local,
                                                          builder.responses))
         elif kind == markers.UPDATE:
-            asyncio.ensure_future(self._apply_update(msg))
+            asyncio.ensure_future(self._apply_update_serialized(msg))
 
     # ---- subscription updates ---------------------------------------------
-    def local_subscription_updated(self, subscription: "Subscription", snapshot) -> None:
-        """The subscription's mark-delete passed ``snapshot``: tell the remotes."""
-        clusters = {c.cluster: markers.position(c.message_id) for c in snapshot.clusters}
-        individually = self._individually_acked_origins(subscription)
-        self.topic.write_marker(markers.update(subscription.name, clusters, individually))
+    def subscription_acked(self, subscription: "Subscription", snapshot=None) -> None:
+        """A replicated subscription's acknowledgments changed. With a newly passed
+        ``snapshot`` an UPDATE goes out now (PIP-33); otherwise, beyond PIP-33, an
+        UPDATE based on the last passed snapshot plus the acknowledged origins
+        goes out at most every ``update_interval_s`` (trailing call included), so
+        a failover redelivers at most that much rather than a snapshot period."""
+        if snapshot is not None:
+            subscription.last_snapshot_used = snapshot
+            self._send_update(subscription)
+            return
+        if subscription.last_snapshot_used is None:
+            return
+        loop = asyncio.get_running_loop()
+        wait = subscription.last_update_sent + self.update_interval_s - loop.time()
+        if wait <= 0 and subscription.update_timer is None:
+            self._send_update(subscription)
+        elif subscription.update_timer is None:
+            subscription.update_timer = loop.call_later(max(0.0, wait), self._send_update, subscription)
 
-    def _individually_acked_origins(self, subscription: "Subscription") -> dict[str, list]:
-        """Acked entries above the mark-delete position as origin ranges
-        {origin cluster: [(first, last) source positions]} (beyond PIP-33)."""
+    def _send_update(self, subscription: "Subscription") -> None:
+        if subscription.update_timer is not None:
+            subscription.update_timer.cancel()
+            subscription.update_timer = None
+        snap = subscription.last_snapshot_used
+        if snap is None or self.topic.closed:
+            return
+        subscription.last_update_sent = asyncio.get_running_loop().time()
+        clusters = {c.cluster: markers.position(c.message_id) for c in snap.clusters}
+        origins = self._acked_origins(subscription, markers.position(snap.local_message_id))
+        self.topic.write_marker(markers.update(subscription.name, clusters, origins))
+
+    def local_subscription_updated(self, subscription: "Subscription", snapshot) -> None:
+        """Pulsar's name for a passed snapshot."""
+        self.subscription_acked(subscription, snapshot)
+
+    def _acked_origins(self, subscription: "Subscription", after: Position) -> dict[str, list]:
+        """Acknowledged entries after ``after`` (the passed snapshot's position), up to
+        and beyond the mark-delete position, as origin ranges
+        {origin cluster: [(first, last) source positions]}. Read from the entry cache;
+        uncached entries are left out (they may be redelivered: at-least-once)."""
         cursor = subscription.cursor
-        out: dict[str, list] = {}
-        count = 0
+        ml = cursor.ml
+        ids: list[tuple[str, Position]] = []
+
+        def add(pos: Position) -> None:
+            data = ml.cache.get(pos)
+            if data is None:
+                return
+            try:
+                md = peek_metadata(data)
+            except CorruptedMessage:
+                return
+            if md.HasField("marker_type"):
+                return
+            if md.HasField("replicated_from"):
+                ids.append((md.replicated_from, Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)))
+            else:
+                ids.append((self.local_cluster, pos))
+
+        pos = ml.next_position(after)
+        md_pos = cursor.mark_delete_position
+        while pos <= md_pos and len(ids) < MAX_INDIVIDUAL_ACKS_IN_UPDATE:
+            add(pos)
+            pos = ml.next_position(pos)
         for (lo_l, lo_e), (hi_l, hi_e) in cursor.individual_deleted.ranges():
             for e in range(lo_e, hi_e + 1):
-                if count >= MAX_INDIVIDUAL_ACKS_IN_UPDATE:
-                    return out
-                data = cursor.ml.cache.get(Position(lo_l, e))
-                if data is None:
-                    continue   # not cached: the remote will redeliver it (at-least-once)
-                try:
-                    md = peek_metadata(data)
-                except CorruptedMessage:
-                    continue
-                if md.HasField("replicated_from"):
-                    origin = md.replicated_from
-                    src = Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)
-                else:
-                    origin, src = self.local_cluster, Position(lo_l, e)
-                out.setdefault(origin, []).append((src, src))
-                count += 1
+                if len(ids) >= MAX_INDIVIDUAL_ACKS_IN_UPDATE:
+                    break
+                add(Position(lo_l, e))
+        out: dict[str, list] = {}
+        for origin, src in sorted(ids):
+            ranges = out.setdefault(origin, [])
+            if ranges and ranges[-1][1].ledger_id == src.ledger_id and ranges[-1][1].entry_id + 1 == src.entry_id:
+                ranges[-1] = (ranges[-1][0], src)
+            else:
+                ranges.append((src, src))
         return out
+
+    async def _apply_update_serialized(self, msg) -> None:
+        async with self._apply_lock:
+            await self._apply_update(msg)
 
     async def _apply_update(self, msg) -> None:
         mine = None

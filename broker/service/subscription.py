@@ -40,6 +40,9 @@ class Subscription:
         self.redelivery_counts: dict[Position, int] = {}
         self.msg_acked_counter = 0
         self.snapshot_cache = None    # PIP-33 ReplicatedSubscriptionSnapshotCache, when replicated
+        self.last_snapshot_used = None  # the newest snapshot the mark-delete position passed
+        self.last_update_sent = 0.0     # loop time of the last UPDATE marker for this subscription
+        self.update_timer = None
 
     @property
     def replicated(self) -> bool:
@@ -141,7 +144,7 @@ class Subscription:
             raise InvalidArgument(str(exc)) from None
         except ValueError as exc:
             raise InvalidArgument(f"invalid acknowledgment: {exc}") from None
-        if self.cursor.mark_delete_position != md_before:
+        if self.cursor.mark_delete_position != md_before or ack.ack_type != pb.Cumulative:
             self._mark_delete_moved()
         if self.dispatcher is not None:
             self.dispatcher.wake()
@@ -189,8 +192,7 @@ class Subscription:
         if self.snapshot_cache is None or not self.replicated or self.topic.controller is None:
             return
         snap = self.snapshot_cache.advanced_mark_delete(self.cursor.mark_delete_position)
-        if snap is not None:
-            self.topic.controller.local_subscription_updated(self, snap)
+        self.topic.controller.subscription_acked(self, snap)
 
     def after_mark_delete_moved_by_update(self) -> None:
         """An UPDATE from another cluster moved the cursor: drop what consumers
@@ -247,6 +249,9 @@ class Subscription:
         await self.topic.remove_subscription(self.name)
 
     async def close(self) -> None:
+        if self.update_timer is not None:
+            self.update_timer.cancel()
+            self.update_timer = None
         if self.dispatcher is not None:
             await self.dispatcher.close()
         for c in list(self.consumers):
