@@ -39,11 +39,21 @@ def _add_standalone(subparsers) -> None:
     p.set_defaults(func=run_from_args)
 
 
+def _add_geo(subparsers) -> None:
+    from deploy.geo import add_arguments, run_from_args
+
+    p = subparsers.add_parser("geo", help="the three-cluster geo demo: up, status, demo, down, compose",
+                              description="Three geo-replicated clusters as local processes (deploy/geo.toml)")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
 # name -> function adding that subcommand's parser
 SUBCOMMANDS: dict[str, Callable] = {
     "bookie": _add_bookie,
     "broker": _add_broker,
     "standalone": _add_standalone,
+    "geo": _add_geo,
 }
 
 
@@ -51,7 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``minipulsar`` argument parser with every subcommand of SUBCOMMANDS."""
     parser = argparse.ArgumentParser(prog="minipulsar", description="minipulsar process launcher")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in SUBCOMMANDS.values():
+    argv = sys.argv[1:]
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, add in SUBCOMMANDS.items():
+        if wanted in SUBCOMMANDS and name != wanted:
+            # Only the chosen subcommand's modules are imported (fast start, and a
+            # broken optional subcommand cannot stop the others).
+            subparsers.add_parser(name)
+            continue
         add(subparsers)
     return parser
 

@@ -272,6 +272,7 @@ class ManagedCursor:
         # Runs of consecutive entries (acks usually come sorted) go into the range
         # set as one add_range each: no per-position work there for in-order acks.
         run_ledger = run_first = run_last = None
+        checked_ledger, checked_entries = None, -1
         for pos in positions:
             if type(pos) is not Position:
                 pos = Position(*pos)
@@ -282,6 +283,14 @@ class ManagedCursor:
             if pos <= mark_delete:
                 continue
             ledger_id, entry_id = pos
+            if ledger_id != checked_ledger:
+                checked_entries = self.ml.ledger_entries(ledger_id) if ledger_id in self.ml.ledgers else -1
+                checked_ledger = ledger_id
+            if not 0 <= entry_id < checked_entries:
+                if run_ledger is not None:
+                    self._ack_run(run_ledger, run_first, run_last)
+                raise InvalidMarkDeletePosition(f"cannot acknowledge {pos}: not an entry of {self.ml.name} "
+                                                f"(an id from another topic?)")
             if ledger_id == run_ledger and entry_id == run_last + 1:
                 run_last = entry_id
             else:
@@ -322,6 +331,11 @@ class ManagedCursor:
         if position > self.ml.last_confirmed:
             raise InvalidMarkDeletePosition(
                 f"cannot mark-delete {position}: beyond last entry {self.ml.last_confirmed} of {self.ml.name}")
+        if position > self.mark_delete_position and (
+                position.ledger_id not in self.ml.ledgers
+                or not -1 <= position.entry_id < self.ml.ledger_entries(position.ledger_id)):
+            raise InvalidMarkDeletePosition(f"cannot mark-delete {position}: not an entry of {self.ml.name} "
+                                            f"(an id from another topic?)")
         if properties is not None:
             self.properties = dict(properties)
         if position <= self.mark_delete_position:
