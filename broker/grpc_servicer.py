@@ -237,7 +237,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         try:
             topic = await self.service.get_topic(request.topic)
             ml = topic.ml
-            last = ml.last_confirmed if ml.last_confirmed.entry_id >= 0 else Position(-1, -1)
+            last = await topic.last_message_position()
             first = ml.first_position() if last.entry_id >= 0 else Position(-1, -1)
             return pb.LastMessageIdResponse(
                 last_message_id=pb.Position(ledger_id=last.ledger_id, entry_id=last.entry_id),

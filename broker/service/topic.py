@@ -243,6 +243,32 @@ class PersistentTopic:
         await sub.set_replicated(True)
         return sub
 
+    async def last_message_position(self, max_markers: int = 10000) -> Position:
+        """The last entry a consumer can receive: the last confirmed entry, skipping
+        trailing markers (as Pulsar since apache/pulsar#22572), so a Reader's
+        has_message_available() is False when only markers are left. (-1, -1)
+        when there is no message."""
+        ml = self.ml
+        pos = ml.last_confirmed
+        ledgers = sorted(ml.ledgers)
+        for _ in range(max_markers):
+            if pos.entry_id < 0:
+                earlier = [lid for lid in ledgers if lid < pos.ledger_id and ml.ledger_entries(lid) > 0]
+                if not earlier:
+                    return Position(-1, -1)
+                pos = Position(earlier[-1], ml.ledger_entries(earlier[-1]) - 1)
+                continue
+            entries = await ml.read_entries(pos, 1)
+            if not entries or entries[0].position != pos:
+                return pos
+            try:
+                if not peek_metadata(entries[0].data).HasField("marker_type"):
+                    return pos
+            except CorruptedMessage:
+                return pos
+            pos = Position(pos.ledger_id, pos.entry_id - 1)
+        return pos
+
     def prune_marker_positions(self) -> None:
         """Forget markers every cursor has passed (bounded memory)."""
         if not self.marker_positions:
