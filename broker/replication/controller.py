@@ -249,7 +249,26 @@ class ReplicatedSubscriptionsController:
                 return
         if msg.individually_acked:
             await self._apply_individual(sub, msg.individually_acked)
+        self._ack_markers_below_acked(sub)
         self.last_update_applied_ms[sub.name] = time.time() * 1000
+
+    def _ack_markers_below_acked(self, sub: "Subscription") -> None:
+        """Markers are never delivered: acknowledge those between the mark-delete
+        position and the highest acknowledged entry, so the mark-delete position
+        follows the UPDATEs even with no consumer reading here."""
+        cursor = sub.cursor
+        md = cursor.mark_delete_position
+        last_range = cursor.individual_deleted.last_range()
+        if last_range is None:
+            return
+        highest = Position(*last_range[1])
+        markers_between = [p for p in self.topic.marker_positions if md < p <= highest]
+        if markers_between:
+            try:
+                cursor.delete_nowait(markers_between)
+                sub.after_mark_delete_moved_by_update()
+            except Exception as exc:
+                log.debug("%s acknowledging markers of %s: %s", self.log_prefix, sub.name, exc)
 
     async def _apply_individual(self, sub: "Subscription", acked) -> None:
         wanted: dict[str, set[Position]] = {}
