@@ -1,1 +1,28 @@
-"""minipulsar client/spark package."""
+"""minipulsar and Apache Spark: the ``minipulsar`` PySpark data source and the
+analytics sink job (``minipulsar-spark-sink``).
+
+Needs the ``spark`` extra (``pip install 'minipulsar[spark]'``: pyspark[sql],
+pandas) and Java 17.  Modules:
+
+* ``source``: the data source (batch and streaming readers);
+* ``options`` / ``offsets``: option parsing and offset logic (pure);
+* ``lookup`` / ``partition_reader``: broker I/O on the driver / in workers;
+* ``session``: a SparkSession with the settings these machines need;
+* ``flights``: the geo demo's flight messages (pure, no Spark);
+* ``sink``: the analytics job.
+
+Importing this package does not import pyspark.
+"""
+from __future__ import annotations
+
+__all__ = ["FORMAT", "register"]
+
+FORMAT = "minipulsar"
+
+
+def register(spark) -> None:
+    """Register the ``minipulsar`` format on ``spark`` (a ``SparkSession``), so
+    that ``spark.read.format("minipulsar")`` / ``spark.readStream.format(...)``
+    work.  Idempotent.  Raises ``ImportError`` when pyspark is missing."""
+    from client.spark.source import MinipulsarDataSource
+    spark.dataSource.register(MinipulsarDataSource)

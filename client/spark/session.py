@@ -29,20 +29,18 @@ from typing import Mapping
 __all__ = ["LOG4J2_PROPERTIES", "spark_unavailable_reason", "quiet_conf_dir", "build_session"]
 
 LOG4J2_PROPERTIES = """\
-# minipulsar: quiet Spark (errors only) on stderr
-rootLogger.level = error
+# minipulsar: quiet Spark (errors only) on stderr.  The root level stays WARN
+# (Spark prints "Setting default log level" whenever it differs from the
+# shell's WARN); the console appender's threshold drops everything below ERROR.
+rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
-logger.jetty.name = org.sparkproject.jetty
-logger.jetty.level = error
-logger.hadoop.name = org.apache.hadoop
-logger.hadoop.level = error
-logger.parquet.name = org.apache.parquet
-logger.parquet.level = error
+appender.console.filter.threshold.type = ThresholdFilter
+appender.console.filter.threshold.level = error
 """
 
 
@@ -125,8 +123,6 @@ def build_session(master: str = "local[2]", app_name: str = "minipulsar", conf: 
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if quiet:
-        spark.sparkContext.setLogLevel("ERROR")
     from client.spark import register
     register(spark)
     return spark
