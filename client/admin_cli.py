@@ -159,6 +159,9 @@ def render(value: Any, indent: str = "") -> str:
         return "\n".join(indent + line for line in lines)
     if not isinstance(value, dict):
         return indent + _scalar(value)
+    if _is_record_map(value) and all(not _is_record_map(v) for v in value.values()):
+        names = list(value)  # e.g. a partition's subscriptions: one row per name
+        return "\n".join(indent + line for line in _records_table([value[n] for n in names], "name", names))
     simple = [[str(k), _scalar(v)] for k, v in value.items() if not _is_record_list(v) and not _is_record_map(v)]
     lines.extend(_table(simple))
     for key, v in value.items():

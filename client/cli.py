@@ -251,7 +251,7 @@ async def produce(args) -> int:
                     if stop.is_set():
                         break
                     while not bucket.take(1, time.monotonic()):
-                        await asyncio.sleep(bucket.delay(time.monotonic()))
+                        await asyncio.sleep(max(0.001, bucket.delay(time.monotonic())))
                     while state["sent"] - state["acked"] - state["failed"] >= max_outstanding:
                         room.clear()
                         await room.wait()

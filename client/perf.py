@@ -48,7 +48,7 @@ from typing import Any
 
 from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, default_service_url, install_stop_handlers, \
     run_main
-from client.perf_stats import Meter, TokenBucket, format_interval, format_summary, read_stamp, stamp_payload
+from client.perf_stats import Meter, TokenBucket, format_interval, format_summary, make_stamper, read_stamp
 
 __all__ = ["main", "build_parser", "PerfProducers", "PerfConsumers"]
 
@@ -56,6 +56,7 @@ _SUB_TYPES = {"exclusive": "Exclusive", "shared": "Shared", "failover": "Failove
               "keyshared": "KeyShared"}
 _SEND_CHUNK = 200  # messages sent per turn of the event loop at full speed
 _DRAIN_TIMEOUT_S = 30.0
+_MIN_SLEEP_S = 0.001
 
 
 def make_payload(size: int, rng: random.Random | None = None) -> bytes:
@@ -136,7 +137,7 @@ class PerfProducers:
         partial = functools.partial
         perf_ns = time.perf_counter_ns
         wall_ns = time.time_ns
-        template = self.template
+        stamp = make_stamper(self.template)
         send = producer.send_async
         mine = 0
         while not stop.is_set() and (quota == 0 or mine < quota):
@@ -144,7 +145,8 @@ class PerfProducers:
             if not bucket.unlimited:
                 n = bucket.take(n, time.monotonic())
                 if n == 0:
-                    await asyncio.sleep(bucket.delay(time.monotonic()))
+                    # not below 1 ms: event loop timers have ms resolution, shorter sleeps spin
+                    await asyncio.sleep(max(_MIN_SLEEP_S, bucket.delay(time.monotonic())))
                     continue
             room = min(max_out - producer.pending_count, limit_all - self.pending)
             if room <= 0:
@@ -159,7 +161,7 @@ class PerfProducers:
                 bucket.give_back(n - room)
                 n = room
             for _ in range(n):
-                send(stamp_payload(template, wall_ns()), partial(cb, perf_ns()))
+                send(stamp(wall_ns()), partial(cb, perf_ns()))
             self.sent += n
             mine += n
             await asyncio.sleep(0)  # let the producer's writer and reader run
