@@ -64,6 +64,7 @@ class PartitionedProducer:
         self._per_conf = ProducerConfig(**{**conf.__dict__, "max_pending_messages": per})
         self._producers: dict[int, Producer] = {}
         self._creating: dict[int, asyncio.Future] = {}
+        self._waiting: dict[int, list] = {}   # sends queued while a lazy partition producer starts
         self._closed = False
         self._router_fn = conf.router_function()
         self._router = None if self._router_fn else create_router(
@@ -124,9 +125,19 @@ class PartitionedProducer:
         """As ``Producer.send``; the id's ``partition`` is the chosen partition."""
         self._check_open()
         index = self.choose_partition(content, properties, partition_key, ordering_key)
-        p = self._producers.get(index) or await self._producer(index)
-        return await p.send(content, properties=properties, partition_key=partition_key,
+        if index in self._waiting or index not in self._producers:
+            # Go through the same ordered queue as send_async while the partition starts.
+            fut = self._client.loop.create_future()
+
+            def done(exc, msg_id):
+                if not fut.done():
+                    fut.set_exception(exc) if exc is not None else fut.set_result(msg_id)
+
+            self.send_async(content, done, properties=properties, partition_key=partition_key,
                             ordering_key=ordering_key, **kwargs)
+            return await fut
+        return await self._producers[index].send(content, properties=properties, partition_key=partition_key,
+                                                 ordering_key=ordering_key, **kwargs)
 
     def send_async(self, content: bytes, callback: SendCallback, properties=None, partition_key=None,
                    ordering_key=None, **kwargs) -> None:
@@ -141,19 +152,29 @@ class PartitionedProducer:
             loop.call_soon(_safe_call, callback, exc, None)
             return
         kw = dict(properties=properties, partition_key=partition_key, ordering_key=ordering_key, **kwargs)
+        waiting = self._waiting.get(index)
+        if waiting is not None:
+            # The partition producer is being created: keep send order behind the queued ones.
+            waiting.append((content, callback, kw))
+            return
         p = self._producers.get(index)
         if p is not None:
             p.send_async(content, callback, **kw)
             return
+        self._waiting[index] = [(content, callback, kw)]
 
-        async def later():
+        async def drain():
             try:
                 producer = await self._producer(index)
             except PulsarException as exc:
-                _safe_call(callback, exc, None)
+                for _, cb, _ in self._waiting.pop(index, []):
+                    _safe_call(cb, exc, None)
                 return
-            producer.send_async(content, callback, **kw)
-        loop.create_task(later())
+            # One synchronous pass: later send_async calls see no waiting list and the
+            # producer, so they go after everything queued here.
+            for c, cb, k in self._waiting.pop(index, []):
+                producer.send_async(c, cb, **k)
+        loop.create_task(drain())
 
     async def flush(self) -> None:
         """Flush every partition producer."""
