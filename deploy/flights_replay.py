@@ -34,7 +34,12 @@ what geo-replication promises.
   killed (SIGKILL), its board's consumers move to the next cluster's copy of
   their replicated subscription, and the broker is restarted; the board keeps
   counting there. Reported: flights the board saw twice (duplicates, allowed:
-  snapshots are periodic) and flights it never saw (losses, must be 0).
+  snapshots are periodic) and flights it never saw (losses, must be 0). The
+  subscription agreement is then reported but not required: the restarted
+  cluster receives the others' backlog late, and a standby copy only moves at
+  its active cluster's next snapshot, which needs new data there (PIP-33).
+* ``--verify-only`` replays nothing and only checks what every cluster holds
+  (e.g. after ``geo down`` and ``geo up``).
 """
 from __future__ import annotations
 

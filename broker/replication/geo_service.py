@@ -40,6 +40,7 @@ class GeoBrokerService(BrokerService):
         self._policy_task: Optional[asyncio.Task] = None
         self._unwatch = None
         self._check_pending: Optional[asyncio.Task] = None
+        self._check_locks: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         await super().start()
@@ -132,7 +133,14 @@ class GeoBrokerService(BrokerService):
 
     async def check_replication(self, topic: PersistentTopic, policies: Optional[Policies] = None,
                                 allow_delete: bool = True) -> None:
-        """Start/stop replicators so they match the topic's replication clusters."""
+        """Start/stop replicators so they match the topic's replication clusters
+        (serialized per topic: a load and a policy watch may run at once)."""
+        lock = self._check_locks.setdefault(str(topic.name), asyncio.Lock())
+        async with lock:
+            await self._check_replication(topic, policies, allow_delete)
+
+    async def _check_replication(self, topic: PersistentTopic, policies: Optional[Policies],
+                                 allow_delete: bool) -> None:
         if topic.closed:
             return
         try:

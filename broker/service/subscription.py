@@ -186,13 +186,16 @@ class Subscription:
                 self.topic.config.replicated_subscriptions_snapshot_max_cached_per_subscription)
         return self.snapshot_cache
 
-    def _mark_delete_moved(self) -> None:
-        """After a local ack moved the mark-delete position: send an UPDATE when it
-        passed a cached snapshot."""
+    def _mark_delete_moved(self, consumer_ack: bool = True) -> None:
+        """After an ack moved the mark-delete position: send an UPDATE when it
+        passed a cached snapshot; after a consumer's ack also the (rate-limited)
+        acknowledged-origins UPDATE. Acks of markers alone never cause the latter,
+        or UPDATE markers would keep producing UPDATE markers."""
         if self.snapshot_cache is None or not self.replicated or self.topic.controller is None:
             return
         snap = self.snapshot_cache.advanced_mark_delete(self.cursor.mark_delete_position)
-        self.topic.controller.subscription_acked(self, snap)
+        if snap is not None or consumer_ack:
+            self.topic.controller.subscription_acked(self, snap)
 
     def after_mark_delete_moved_by_update(self) -> None:
         """An UPDATE from another cluster moved the cursor: drop what consumers
@@ -231,7 +234,7 @@ class Subscription:
         md_before = self.cursor.mark_delete_position
         self.cursor.delete_nowait(positions).add_done_callback(lambda f: f.cancelled() or f.exception())
         if self.cursor.mark_delete_position != md_before:
-            self._mark_delete_moved()
+            self._mark_delete_moved(consumer_ack=False)
 
     def backlog(self) -> int:
         """msgBacklog: entries not acknowledged, markers excluded."""
