@@ -79,7 +79,7 @@ async def _clusters_get(s: BrokerService, b: dict):
 async def _clusters_delete(s: BrokerService, b: dict):
     name = need(b, "name")
     await s.resources.delete_cluster(name)
-    await s.on_cluster_deleted(name) if hasattr(s, "on_cluster_deleted") else None
+    await s.on_cluster_deleted(name)
     return {"ok": True}
 
 
@@ -146,8 +146,7 @@ async def _update_policies(s: BrokerService, namespace: str, **changes) -> dict:
     policies = await s.resources.get_policies(namespace)
     policies = dataclasses.replace(policies, **changes)
     await s.resources.set_policies(namespace, policies)
-    if hasattr(s, "on_policies_changed"):
-        await s.on_policies_changed(namespace, policies)
+    await s.on_policies_changed(namespace, policies)
     return dataclasses.asdict(policies)
 
 
@@ -326,8 +325,7 @@ async def _topics_set_repl(s: BrokerService, b: dict):
     tp = await s.resources.get_topic_policies(base)
     tp["replication_clusters"] = clusters
     await s.resources.set_topic_policies(base, tp)
-    if hasattr(s, "on_policies_changed"):
-        await s.on_policies_changed(tn.namespace, policies)
+    await s.on_policies_changed(tn.namespace, policies)
     return tp
 
 

@@ -118,6 +118,12 @@ class BrokerService:
     async def on_topic_loaded(self, topic: PersistentTopic, policies: Policies) -> None:
         """Hook for geo-replication (starts replicators)."""
 
+    async def on_policies_changed(self, namespace: str, policies: Policies) -> None:
+        """Hook for geo-replication (re-checks replicators of the namespace's topics)."""
+
+    async def on_cluster_deleted(self, name: str) -> None:
+        """Hook for geo-replication (closes replicators to the deleted cluster)."""
+
     async def unload_topic(self, topic: str) -> None:
         tn = TopicName.get(topic)
         loaded = self.topics.pop(str(tn), None)

@@ -95,7 +95,7 @@ async def test_cluster_down_stops_snapshots_and_markers_stay_hidden(tmp_path, pr
     b.proc.terminate()
     await b.close()
     await asyncio.sleep(0.6)   # the replicator notices the remote is gone
-    stats = await a.admin("internal_stats" and "topics.internal_stats", topic=topic)
+    stats = await a.admin("topics.internal_stats", topic=topic)
     entries_before = stats["numberOfEntries"]
     await produce_raw(a, topic, "p", [b"m-%d" % i for i in range(5, 10)], start_seq=5)
     await asyncio.sleep(1.5)   # several periods: no snapshot requests while b is down
