@@ -15,7 +15,11 @@ of the group resolves, so an acknowledged add survives ``kill -9`` and power
 loss. Fence and delete go through the same queue, so they are ordered with the
 adds. Reads use a second connection and only ever see committed data.
 
-All SQLite calls run in aiosqlite's worker threads; nothing blocks the loop.
+Nothing blocks the loop: the write connection is a plain ``sqlite3``
+connection owned by ONE journal thread (a single-worker executor), and a whole
+group commit -- inserts, ledger records and COMMIT (+fsync) -- is one call to
+that thread, so a trickling add costs one thread hand-off instead of one per
+statement. Reads go through aiosqlite's worker thread on a second connection.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
+
+from concurrent.futures import ThreadPoolExecutor
 
 import aiosqlite
 
@@ -131,7 +138,8 @@ class LedgerStorage:
         self.journal_sync = journal_sync
         self.max_group_entries = max_group_entries
         self.max_group_bytes = max_group_bytes
-        self._wdb: aiosqlite.Connection | None = None
+        self._wdb: sqlite3.Connection | None = None  # used only on the journal thread
+        self._journal: ThreadPoolExecutor | None = None
         self._rdb: aiosqlite.Connection | None = None
         self._ledgers: dict[int, _Ledger] = {}
         self._queue: asyncio.Queue | None = None
@@ -150,12 +158,18 @@ class LedgerStorage:
         """
         os.makedirs(self.path, exist_ok=True)
         sync = "FULL" if self.journal_sync else "OFF"
-        self._wdb = await aiosqlite.connect(self.db_path, isolation_level=None)
-        await self._wdb.execute(f"PRAGMA page_size={PAGE_SIZE_BYTES}")
-        await self._wdb.execute("PRAGMA journal_mode=WAL")
-        await self._wdb.execute(f"PRAGMA synchronous={sync}")
-        await self._wdb.execute("PRAGMA journal_size_limit=67108864")
-        await self._wdb.executescript(_SCHEMA)
+        self._journal = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-journal")
+
+        def connect() -> sqlite3.Connection:
+            db = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA page_size={PAGE_SIZE_BYTES}")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={sync}")
+            db.execute("PRAGMA journal_size_limit=67108864")
+            db.executescript(_SCHEMA)
+            return db
+
+        self._wdb = await self._on_journal(connect)
         self._rdb = await aiosqlite.connect(self.db_path, isolation_level=None)
         await self._rdb.execute("PRAGMA query_only=ON")
         await self._load_ledgers()
@@ -181,19 +195,46 @@ class LedgerStorage:
             await self._writer
         finally:
             self._writer = None
-            for db in (self._rdb, self._wdb):
-                if db is not None:
-                    await db.close()
-            self._rdb = self._wdb = None
+            if self._rdb is not None:
+                await self._rdb.close()
+            if self._wdb is not None:
+                await self._on_journal(self._wdb.close)
+            if self._journal is not None:
+                self._journal.shutdown(wait=False)
+            self._rdb = self._wdb = self._journal = None
             log.info("closed %s (%d commits, %d entries)", self.db_path, self.commits, self.committed_entries)
 
     async def _load_ledgers(self) -> None:
-        rows = await self._wdb.execute_fetchall(
-            "SELECT ledger_id, master_key, fenced, lac, last_entry_id FROM ledgers"
+        db = self._wdb
+        rows = await self._on_journal(
+            lambda: db.execute("SELECT ledger_id, master_key, fenced, lac, last_entry_id FROM ledgers").fetchall()
         )
         self._ledgers = {r[0]: _Ledger(bytes(r[1]), bool(r[2]), r[3], r[4]) for r in rows}
 
     # ------------------------------------------------------------------ writes
+
+    def _on_journal(self, fn, *args):
+        """Run ``fn(*args)`` on the journal thread (the only user of the write connection)."""
+        return asyncio.get_running_loop().run_in_executor(self._journal, fn, *args)
+
+    @staticmethod
+    def _write_group(db: sqlite3.Connection, deletes: list, rows: list, ledger_rows: list) -> None:
+        """One group commit, on the journal thread: BEGIN, deletes, inserts, ledger
+        records, COMMIT (fsynced with journal_sync). Rolls back and re-raises on error."""
+        db.execute("BEGIN")
+        try:
+            for ledger_id in deletes:
+                db.execute("DELETE FROM entries WHERE ledger_id = ?", (ledger_id,))
+                db.execute("DELETE FROM ledgers WHERE ledger_id = ?", (ledger_id,))
+            if rows:
+                db.executemany(_INSERT_ENTRY, rows)
+            if ledger_rows:
+                db.executemany(_UPSERT_LEDGER, ledger_rows)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     def add_entries(self, ops: Sequence[AddOp]) -> asyncio.Future:
         """Queue adds for the next group commit (BookKeeper addEntry).
@@ -288,21 +329,15 @@ class LedgerStorage:
                     outcomes.append(self._apply_fence(item[1], item[2], touched))
                 else:
                     outcomes.append(self._apply_delete(item[1], pending, existing, touched, deletes))
-            await db.execute("BEGIN")
-            for ledger_id in deletes:
-                await db.execute("DELETE FROM entries WHERE ledger_id = ?", (ledger_id,))
-                await db.execute("DELETE FROM ledgers WHERE ledger_id = ?", (ledger_id,))
-            if pending:
-                await db.executemany(_INSERT_ENTRY, [(k[0], k[1], p) for k, p in pending.items()])
-            if touched:
-                ledgers = self._ledgers
-                await db.executemany(_UPSERT_LEDGER, [ledgers[lid].row(lid) for lid in touched])
-            await db.execute("COMMIT")
+            ledgers = self._ledgers
+            await self._on_journal(
+                self._write_group, db, deletes,
+                [(k[0], k[1], p) for k, p in pending.items()],
+                [ledgers[lid].row(lid) for lid in touched],
+            )
         except Exception as exc:  # storage failure: fail the whole group, reload state
             log.exception("group commit of %d items failed", len(group))
             try:
-                if db.in_transaction:
-                    await db.execute("ROLLBACK")
                 await self._load_ledgers()
             except Exception:
                 log.exception("rollback after failed commit failed")
@@ -352,9 +387,10 @@ class LedgerStorage:
             for i in range(0, len(id_list), 500):
                 chunk = id_list[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                rows = await self._wdb.execute_fetchall(
-                    f"SELECT entry_id, payload FROM entries WHERE ledger_id = ? AND entry_id IN ({marks})",
-                    (ledger_id, *chunk),
+                db = self._wdb
+                rows = await self._on_journal(
+                    lambda q=f"SELECT entry_id, payload FROM entries WHERE ledger_id = ? AND entry_id IN ({marks})",
+                    a=(ledger_id, *chunk): db.execute(q, a).fetchall()
                 )
                 for entry_id, payload in rows:
                     found[(ledger_id, entry_id)] = payload

@@ -32,6 +32,9 @@ class BrokerConfig:
     # geo-replication / replicated subscriptions
     replication_policy_check_duration_seconds: int = 600
     replication_producer_queue_size: int = 1000
+    # persists/s of a replicator cursor (Pulsar's managedLedgerDefaultMarkDeleteRateLimit, applied to
+    # replicator cursors only: re-sent entries after a crash are dropped by the remote's source-position dedup)
+    replicator_mark_delete_rate_limit: float = 10.0
     enable_replicated_subscriptions: bool = True
     replicated_subscriptions_snapshot_frequency_millis: int = 1000
     replicated_subscriptions_snapshot_timeout_seconds: int = 30

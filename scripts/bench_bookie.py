@@ -5,8 +5,10 @@ data dir (or uses ``--address``), then drives AddEntry over ``--streams``
 bidirectional streams, each with up to ``--inflight`` request messages of
 ``--adds-per-message`` adds of ``--entry-bytes`` bytes in flight. Request
 messages are serialized before the clock starts, so the client costs little
-CPU. Output: adds/s and MB/s of acknowledged adds, and per-message latency
-(ms from write to response) percentiles.
+CPU. Output: adds/s and MB/s of acknowledged adds, per-message latency
+(ms from write to response) percentiles, and the bookie's CPU seconds per add
+and per request message (``--adds-per-message 1 --inflight 1 --streams 1``
+measures the cost of one trickling add, as a lightly loaded broker sends them).
 
     .venv/bin/python scripts/bench_bookie.py [--adds 200000] [--no-journal-sync]
 """
@@ -41,6 +43,13 @@ def start_bookie(data_dir: str, journal_sync: bool) -> tuple[subprocess.Popen, i
         proc.kill()
         raise RuntimeError(f"bookie did not start: {line!r}")
     return proc, int(line.split("port=")[1].split()[0])
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user+system CPU seconds of a live process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def build_requests(ledger_id: int, n_adds: int, per_msg: int, entry_bytes: int) -> list[bytes]:
@@ -134,7 +143,14 @@ def main() -> None:
             if not args.address:
                 proc, port = start_bookie(tmp, not args.no_journal_sync)
                 args.address = f"127.0.0.1:{port}"
+            cpu0 = _cpu_seconds(proc.pid) if proc is not None else None
             result = asyncio.run(run(args))
+            if proc is not None:
+                cpu = _cpu_seconds(proc.pid) - cpu0
+                result["bookie_cpu_s"] = round(cpu, 3)
+                result["bookie_cpu_us_per_add"] = round(cpu / max(1, result["adds"]) * 1e6, 1)
+                result["bookie_cpu_us_per_message"] = round(
+                    cpu / max(1, result["adds"] / args.adds_per_message) * 1e6, 1)
         finally:
             if proc is not None:
                 proc.terminate()

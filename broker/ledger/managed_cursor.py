@@ -75,6 +75,14 @@ class ManagedCursor:
         self._persist_task: Optional[asyncio.Task] = None
         self._closed = False
         self.last_persist_bytes = 0
+        # Pulsar's managedLedgerDefaultMarkDeleteRateLimit (persists/s; 0 = every change at once).
+        # Changes made meanwhile stay in memory and go out with the next persist; flush()/close()
+        # never wait for the limit. Only safe where a lost in-memory ack is harmless (replicator
+        # cursors: the remote drops re-sent entries by source position).
+        self.mark_delete_rate_limit: float = 0.0
+        self._last_persist_at = 0.0
+        self._flush_now = False
+        self._rate_wait: Optional[asyncio.Future] = None
 
     # ---- construction ---------------------------------------------------
     @property
@@ -404,13 +412,32 @@ class ManagedCursor:
         return fut
 
     async def flush(self) -> None:
-        """Wait until every change so far is durable."""
+        """Wait until every change so far is durable (not held back by mark_delete_rate_limit)."""
         if self.durable and (self._dirty or self._persist_task is not None):
+            self._flush_now = True
+            self._end_rate_wait()
             await self._schedule_persist()
+
+    def _end_rate_wait(self) -> None:
+        if self._rate_wait is not None and not self._rate_wait.done():
+            self._rate_wait.set_result(None)
 
     async def _persist_loop(self) -> None:
         try:
             while self._dirty:
+                if self.mark_delete_rate_limit > 0 and not self._flush_now and not self._closed:
+                    wait = self._last_persist_at + 1.0 / self.mark_delete_rate_limit - time.monotonic()
+                    if wait > 0:
+                        loop = asyncio.get_running_loop()
+                        self._rate_wait = loop.create_future()
+                        timer = loop.call_later(wait, self._end_rate_wait)
+                        try:
+                            await self._rate_wait
+                        finally:
+                            timer.cancel()
+                            self._rate_wait = None
+                self._flush_now = False
+                self._last_persist_at = time.monotonic()
                 self._dirty = False
                 waiters, self._persist_waiters = self._persist_waiters, []
                 try:

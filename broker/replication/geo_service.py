@@ -172,7 +172,8 @@ class GeoBrokerService(BrokerService):
                 await rep.close()
             if topic.name.is_partition:
                 await self._ensure_remote_partitions(topic, url)
-            rep = Replicator(topic, local, remote, url, self.config.replication_producer_queue_size)
+            rep = Replicator(topic, local, remote, url, self.config.replication_producer_queue_size,
+                             mark_delete_rate_limit=self.config.replicator_mark_delete_rate_limit)
             topic.replicators[remote] = rep
             await rep.start()
         for remote in [r for r in topic.replicators if r not in remotes]:

@@ -91,15 +91,22 @@ class RateLimiter:
 
 
 class Replicator:
-    """Replicates one local topic to ``remote_cluster`` at ``remote_url``."""
+    """Replicates one local topic to ``remote_cluster`` at ``remote_url`` (Pulsar's PersistentReplicator).
+
+    ``queue_size``: max entries sent and not yet receipted (replicationProducerQueueSize);
+    ``dispatch_rate``: (msgs/s, bytes/s) limits, <= 0 = unlimited; ``mark_delete_rate_limit``:
+    max persists/s of the ``pulsar.repl.<remote>`` cursor (0 = persist every receipt at once).
+    """
 
     def __init__(self, topic: "PersistentTopic", local_cluster: str, remote_cluster: str, remote_url: str,
-                 queue_size: int = 1000, dispatch_rate: tuple[float, float] = (0, 0)):
+                 queue_size: int = 1000, dispatch_rate: tuple[float, float] = (0, 0),
+                 mark_delete_rate_limit: float = 0.0):
         self.topic = topic
         self.local_cluster = local_cluster
         self.remote_cluster = remote_cluster
         self.remote_url = remote_url
         self.queue_size = queue_size
+        self.mark_delete_rate_limit = mark_delete_rate_limit
         self.limiter = RateLimiter(*dispatch_rate)
         self.cursor = None
         self.connected = False
@@ -121,6 +128,7 @@ class Replicator:
 
     async def start(self) -> None:
         self.cursor = await self.topic.ml.open_cursor(self.cursor_name, initial_position="earliest")
+        self.cursor.mark_delete_rate_limit = self.mark_delete_rate_limit
         self._task = asyncio.create_task(self._run())
         log.info("%s replicator started", self.log_prefix)
 

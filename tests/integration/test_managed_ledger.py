@@ -219,3 +219,44 @@ async def test_consumed_ledgers_are_trimmed(bookie_factory, meta):
     finally:
         await factory.close()
         await bk.close()
+
+
+async def test_cursor_mark_delete_rate_limit_defers_persists_but_flush_does_not_wait(bookie_factory, meta):
+    """managedLedgerDefaultMarkDeleteRateLimit (replicator cursors): acks between persists stay in
+    memory and go out together; flush() persists at once; the final state recovers."""
+    bookies = [bookie_factory() for _ in range(2)]
+    addrs = [b.address for b in bookies]
+    bk = BookKeeper(meta, addrs)
+    factory = ManagedLedgerFactory(meta, bk, small_config())
+    ml = await factory.open("t/ns/persistent/rate-limited")
+    cursor = await ml.open_cursor("pulsar.repl.b", initial_position="earliest")
+    positions = await asyncio.gather(*(ml.add_entry_nowait(b"x") for _ in range(40)))
+    await cursor.delete([positions[0]])  # first persist (opens the cursor ledger)
+    cursor.mark_delete_rate_limit = 1.0  # at most one persist per second
+    base = cursor._cursor_ledger.last_add_pushed
+    await cursor.delete([positions[1]])  # persists at once: none in the last second... or waits <= 1 s
+    after_first = cursor._cursor_ledger.last_add_pushed
+    futures = [cursor.delete_nowait([p]) for p in positions[2:39:2]]  # 19 acks, with holes
+    await asyncio.sleep(0.2)
+    assert cursor._cursor_ledger.last_add_pushed == after_first  # held back by the limit
+    assert not any(f.done() for f in futures)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await cursor.flush()
+    assert loop.time() - t0 < 0.5  # flush does not wait for the limit
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert cursor._cursor_ledger.last_add_pushed - after_first == 1  # 19 acks, one persist
+    assert after_first - base <= 1
+    expected_md = cursor.mark_delete_position
+    expected_holes = sorted(cursor.individual_deleted.ranges())
+    await bk.close()
+    bk2 = BookKeeper(meta, addrs)
+    factory2 = ManagedLedgerFactory(meta, bk2, small_config())
+    try:
+        ml2 = await factory2.open("t/ns/persistent/rate-limited")
+        c2 = ml2.cursors["pulsar.repl.b"]
+        assert c2.mark_delete_position == expected_md == positions[2]
+        assert sorted(c2.individual_deleted.ranges()) == expected_holes and expected_holes
+    finally:
+        await factory2.close()
+        await bk2.close()
