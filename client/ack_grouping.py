@@ -197,6 +197,24 @@ class AcknowledgmentsGroupingTracker:
         return self._touch(now_ms)
 
     # -- queries -------------------------------------------------------------------
+    def first_new_batch_index(self, ledger_id: int, entry_id: int) -> int:
+        """For a received batch entry: messages with a batch index below the
+        returned one are duplicates in the sense of ``is_duplicate``, the others
+        are not (``1 << 40`` = the whole entry).  One check per entry instead of
+        one per message."""
+        key = (ledger_id, entry_id)
+        if key in self._individual:
+            return _WHOLE
+        cum = self._cumulative_key
+        if cum is None:
+            return 0
+        head = (cum[0], cum[1])
+        if key < head:
+            return _WHOLE
+        if key == head:
+            return _WHOLE if cum[2] == _WHOLE else cum[2] + 1
+        return 0
+
     def is_duplicate(self, message_id: MessageId) -> bool:
         """True if ``message_id`` is already covered by the last cumulative ack
         or by an individual ack not flushed yet (Pulsar's isDuplicate): such a

@@ -18,7 +18,7 @@ from client.errors import CorruptedMessage
 from proto.pulsar_api_pb2 import MessageMetadata, SingleMessageMetadata
 
 __all__ = ["PendingMessage", "BatchMessageContainer", "KeyBasedBatchMessageContainer", "parse_batch",
-           "is_batched", "message_metadata", "LOCAL_ONLY"]
+           "is_batched", "message_metadata", "LOCAL_ONLY", "iter_batch"]
 
 _SIZE = struct.Struct(">I")
 LOCAL_ONLY = "__local__"  # replicate_to value of Pulsar's disableReplication()
@@ -85,7 +85,32 @@ def is_batched(metadata: MessageMetadata) -> bool:
     return metadata.HasField("num_messages_in_batch")
 
 
+_U63 = (1 << 63) - 1
+_VARINT_1 = [bytes((i,)) for i in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of ``n`` (0 <= n < 2**64)."""
+    if n < 0x80:
+        return _VARINT_1[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def _single_metadata(msg: PendingMessage) -> bytes:
+    """Serialized ``SingleMessageMetadata`` of ``msg``.  The common case (no
+    properties or keys) is encoded by hand, byte for byte what protobuf writes
+    (fields in number order: payload_size=3, event_time=5, sequence_id=8)."""
+    seq = msg.sequence_id
+    if (seq is not None and not msg.properties and msg.partition_key is None and msg.ordering_key is None
+            and 0 <= seq <= _U63 and 0 <= msg.event_time <= _U63):
+        if msg.event_time:
+            return b"".join((b"\x18", _varint(len(msg.payload)), b"(", _varint(msg.event_time), b"@", _varint(seq)))
+        return b"".join((b"\x18", _varint(len(msg.payload)), b"@", _varint(seq)))
     smm = SingleMessageMetadata(payload_size=len(msg.payload), sequence_id=msg.sequence_id)
     for k, v in msg.properties.items():
         smm.properties.add(key=k, value=v)
@@ -309,6 +334,105 @@ class KeyBasedBatchMessageContainer:
         return batches
 
 
+def _fast_single_metadata(buf: bytes, pos: int, end: int) -> tuple[int, int | None, int] | None:
+    """Decode ``buf[pos:end]`` as a SingleMessageMetadata holding only
+    payload_size (3), event_time (5) and sequence_id (8): ``(payload_size,
+    sequence_id or None, event_time)``.  None when anything else is there (or the
+    bytes are malformed): the caller then parses with protobuf, which also
+    produces the right error."""
+    size = seq = None
+    event_time = 0
+    try:
+        while pos < end:
+            tag = buf[pos]
+            pos += 1
+            b = buf[pos]
+            pos += 1
+            if b < 0x80:
+                value = b
+            else:
+                value = b & 0x7F
+                shift = 7
+                while True:
+                    b = buf[pos]
+                    pos += 1
+                    value |= (b & 0x7F) << shift
+                    if b < 0x80:
+                        break
+                    shift += 7
+                    if shift > 63:
+                        return None
+            if tag == 0x18:
+                size = value
+            elif tag == 0x40:
+                seq = value
+            elif tag == 0x28:
+                event_time = value
+            else:
+                return None
+    except IndexError:
+        return None
+    if pos != end or size is None or size > 0x7FFFFFFF or (seq is not None and seq > _U63):
+        return None
+    return size, seq, event_time
+
+
+def iter_batch(metadata: MessageMetadata, payload: bytes) -> list[tuple[bytes, int | None, int, SingleMessageMetadata | None]]:
+    """Like ``parse_batch`` but cheap for the common case: one ``(payload bytes,
+    sequence_id or None, event_time, smm)`` per message, where ``smm`` is the
+    parsed ``SingleMessageMetadata`` only for messages that carry more than
+    payload_size/event_time/sequence_id (properties, keys, null value), else
+    None.  Same checks and ``CorruptedMessage`` errors as ``parse_batch``."""
+    count = metadata.num_messages_in_batch
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    total = len(buf)
+    if count <= 0:
+        raise CorruptedMessage(f"corrupted batch: num_messages_in_batch is {count}")
+    if count > total // _SIZE.size:
+        raise CorruptedMessage(f"corrupted batch: {count} messages cannot fit in {total} bytes")
+    out = []
+    append = out.append
+    unpack = _SIZE.unpack_from
+    fast = _fast_single_metadata
+    pos = 0
+    for i in range(count):
+        if pos + 4 > total:
+            raise CorruptedMessage(f"corrupted batch: truncated before message {i} of {count}")
+        (size,) = unpack(buf, pos)
+        pos += 4
+        end = pos + size
+        if end > total:
+            raise CorruptedMessage(f"corrupted batch: metadata of message {i} ({size} bytes) is truncated")
+        decoded = fast(buf, pos, end)
+        if decoded is not None:
+            payload_size, seq, event_time = decoded
+            smm = None
+        else:
+            smm = _parse_single_metadata(buf[pos:end], i)
+            payload_size = smm.payload_size
+            seq = smm.sequence_id if smm.HasField("sequence_id") else None
+            event_time = smm.event_time
+        pos = end
+        if pos + payload_size > total:
+            raise CorruptedMessage(f"corrupted batch: payload of message {i} ({payload_size} bytes) is truncated")
+        append((buf[pos:pos + payload_size], seq, event_time, smm))
+        pos += payload_size
+    if pos != total:
+        raise CorruptedMessage(f"corrupted batch: {total - pos} trailing bytes after {count} messages")
+    return out
+
+
+def _parse_single_metadata(data, i: int) -> SingleMessageMetadata:
+    smm = SingleMessageMetadata()
+    try:
+        smm.ParseFromString(data)
+    except DecodeError as e:
+        raise CorruptedMessage(f"corrupted batch: unparsable SingleMessageMetadata of message {i}: {e}") from None
+    if not smm.IsInitialized() or smm.payload_size < 0:
+        raise CorruptedMessage(f"corrupted batch: SingleMessageMetadata of message {i} has no valid payload_size")
+    return smm
+
+
 def parse_batch(metadata: MessageMetadata, payload: bytes | memoryview) -> list[tuple[SingleMessageMetadata, bytes]]:
     """Split a decompressed batch payload into ``[(SingleMessageMetadata, payload bytes)]``,
     ``metadata.num_messages_in_batch`` of them (Pulsar's
@@ -332,13 +456,7 @@ def parse_batch(metadata: MessageMetadata, payload: bytes | memoryview) -> list[
         pos += _SIZE.size
         if pos + size > len(view):
             raise CorruptedMessage(f"corrupted batch: metadata of message {i} ({size} bytes) is truncated")
-        smm = SingleMessageMetadata()
-        try:
-            smm.ParseFromString(view[pos:pos + size])
-        except DecodeError as e:
-            raise CorruptedMessage(f"corrupted batch: unparsable SingleMessageMetadata of message {i}: {e}") from None
-        if not smm.IsInitialized() or smm.payload_size < 0:
-            raise CorruptedMessage(f"corrupted batch: SingleMessageMetadata of message {i} has no valid payload_size")
+        smm = _parse_single_metadata(view[pos:pos + size], i)
         pos += size
         if pos + smm.payload_size > len(view):
             raise CorruptedMessage(f"corrupted batch: payload of message {i} ({smm.payload_size} bytes) is truncated")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from client.ack_grouping import AcknowledgmentsGroupingTracker, unacked_mask_from_ack_set
-from client.batching import is_batched, parse_batch
+from client.batching import is_batched, iter_batch
 from client.chunking import ChunkedMessageAssembler, is_chunk
 from client.compression import decompress
 from client.entry_format import decode_entry
@@ -130,7 +130,7 @@ class EntrySplitter:
             entry_mid = chunk_ids[-1]
         try:
             data = decompress(metadata.compression, payload, metadata.uncompressed_size)
-            batch = parse_batch(metadata, data) if is_batched(metadata) else None
+            batch = iter_batch(metadata, data) if is_batched(metadata) else None
         except (CorruptedMessage, InvalidConfiguration) as e:
             log.error("[%s] discarding undecodable message %s: %s", self.topic, entry_mid, e)
             out.ack.extend(chunk_ids or (entry_mid,))
@@ -158,24 +158,54 @@ class EntrySplitter:
         ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
         size = len(batch)
         mask = unacked_mask_from_ack_set(entry.ack_set, size)
-        if self.tracker is not None:
-            self.tracker.register_batch(ledger_id, entry_id, size, mask)
-        for i, (smm, data) in enumerate(batch):
-            mid = self._id(ledger_id, entry_id, i, size)
-            if (not (mask >> i) & 1
-                    or (self.start_filter is not None and self.start_filter.skips(ledger_id, entry_id, i))
-                    or (self.tracker is not None and self.tracker.is_duplicate(mid))):
+        tracker = self.tracker
+        first_new = 0  # batch indexes below this one are duplicates (already acknowledged)
+        if tracker is not None:
+            tracker.register_batch(ledger_id, entry_id, size, mask)
+            first_new = tracker.first_new_batch_index(ledger_id, entry_id)
+        start_filter = self.start_filter
+        full = mask == (1 << size) - 1
+        topic = self.topic
+        partition = self.partition
+        entry_ordering_key = metadata.ordering_key if metadata.HasField("ordering_key") else None
+        base_seq = metadata.sequence_id
+        publish_time = common["publish_time"]
+        redelivery_count = common["redelivery_count"]
+        producer_name = common["producer_name"]
+        replicated_from = common["replicated_from"]
+        if self.topic_in_ids:
+            def make_id(i):
+                return TopicMessageId(ledger_id, entry_id, partition, i, size, topic=topic)
+        else:
+            def make_id(i, _trusted=MessageId._trusted):
+                return _trusted(ledger_id, entry_id, partition, i, size)
+        messages = out.messages
+        append = messages.append
+        fast_message = Message._received
+        for i, (data, seq, event_time, smm) in enumerate(batch):
+            if not full and not (mask >> i) & 1:
                 out.skipped += 1
                 continue
-            ordering_key = (smm.ordering_key if smm.HasField("ordering_key")
-                            else metadata.ordering_key if metadata.HasField("ordering_key") else None)
-            out.messages.append(Message(
-                b"" if smm.null_value else data, mid, self.topic,
+            if start_filter is not None and start_filter.skips(ledger_id, entry_id, i):
+                out.skipped += 1
+                continue
+            if i < first_new:
+                out.skipped += 1
+                continue
+            mid = make_id(i)
+            if seq is None:
+                seq = base_seq + i
+            if smm is None:
+                append(fast_message(data, mid, topic, entry_ordering_key, publish_time, event_time,
+                                    redelivery_count, producer_name, replicated_from, seq))
+                continue
+            append(Message(
+                b"" if smm.null_value else data, mid, topic,
                 properties={p.key: p.value for p in smm.properties},
                 partition_key=smm.partition_key if smm.HasField("partition_key") else None,
-                ordering_key=ordering_key, event_time=smm.event_time,
-                sequence_id=smm.sequence_id if smm.HasField("sequence_id") else metadata.sequence_id + i,
-                **common))
+                ordering_key=smm.ordering_key if smm.HasField("ordering_key") else entry_ordering_key,
+                event_time=event_time, sequence_id=seq, publish_time=publish_time,
+                redelivery_count=redelivery_count, producer_name=producer_name, replicated_from=replicated_from))
 
     def expire_chunks(self, now_ms: int) -> list[MessageId]:
         """Chunk ids of incomplete chunked messages that expired (to acknowledge, as Pulsar)."""

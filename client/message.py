@@ -40,6 +40,10 @@ class TopicMessageId(MessageId):
         return MessageId(self.ledger_id, self.entry_id, self.partition, self.batch_index, self.batch_size)
 
 
+_new = object.__new__
+_NO_PROPERTIES: dict[str, str] = {}  # shared, never mutated: properties() returns a copy
+
+
 class Message:
     """One received message (Pulsar's MessageImpl; pulsar-client's ``Message``).
 
@@ -74,6 +78,30 @@ class Message:
         self._chunk_ids = chunk_ids
         self._consumer = consumer
         self._schema_value = None
+
+    @classmethod
+    def _received(cls, data: bytes, message_id: MessageId, topic: str, ordering_key: bytes | None,
+                  publish_time: int, event_time: int, redelivery_count: int, producer_name: str,
+                  replicated_from: str | None, sequence_id: int) -> "Message":
+        """Internal fast constructor for a batched message without properties,
+        partition key or chunks (the consumer's hot path); fields as ``__init__``."""
+        msg = _new(cls)
+        msg._data = data
+        msg._message_id = message_id
+        msg._topic = topic
+        msg._properties = _NO_PROPERTIES
+        msg._partition_key = None
+        msg._ordering_key = ordering_key
+        msg._publish_time = publish_time
+        msg._event_time = event_time
+        msg._redelivery_count = redelivery_count
+        msg._producer_name = producer_name
+        msg._replicated_from = replicated_from
+        msg._sequence_id = sequence_id
+        msg._chunk_ids = None
+        msg._consumer = None
+        msg._schema_value = None
+        return msg
 
     # -- the official accessors ----------------------------------------------------
     def data(self) -> bytes:

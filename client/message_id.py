@@ -67,6 +67,20 @@ class MessageId:
         if not 0 <= self.batch_size <= _INT32_MAX:
             raise ValueError(f"MessageId.batch_size must be >= 0, got {self.batch_size}")
 
+    @classmethod
+    def _trusted(cls, ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
+                 batch_size: int = 0) -> "MessageId":
+        """Internal fast constructor for ids the client builds itself from broker
+        positions (receipts, received entries): no range checks.  Fields as the
+        constructor's; the caller guarantees they are in range."""
+        mid = _new(cls)
+        _set_ledger(mid, ledger_id)
+        _set_entry(mid, entry_id)
+        _set_partition(mid, partition)
+        _set_batch_index(mid, batch_index)
+        _set_batch_size(mid, batch_size)
+        return mid
+
     # -- identity and order -------------------------------------------------
     def _key(self) -> tuple[int, int, int, int]:
         return (self.ledger_id, self.entry_id, self.batch_index, self.partition)
@@ -159,6 +173,13 @@ class MessageId:
             raise ValueError(f"bytes are not a serialized MessageId (MessageIdData): {e}") from None
         return cls.from_proto(msg)
 
+
+_new = object.__new__
+_set_ledger = MessageId.ledger_id.__set__  # slot descriptors: frozen only guards __setattr__
+_set_entry = MessageId.entry_id.__set__
+_set_partition = MessageId.partition.__set__
+_set_batch_index = MessageId.batch_index.__set__
+_set_batch_size = MessageId.batch_size.__set__
 
 MessageId.earliest = MessageId(-1, -1)
 MessageId.latest = MessageId(_INT64_MAX, _INT64_MAX)

@@ -108,10 +108,11 @@ class OpSendMsg:
         when the receipt says duplicate (-1:-1)."""
         if ledger_id < 0 or entry_id < 0:
             return [MessageId(-1, -1) for _ in self.messages]
+        trusted = MessageId._trusted  # int64 receipt fields and our own partition: always in range
         if self.batched:
             n = len(self.messages)
-            return [MessageId(ledger_id, entry_id, partition, i, n) for i in range(n)]
-        return [MessageId(ledger_id, entry_id, partition) for _ in self.messages]
+            return [trusted(ledger_id, entry_id, partition, i, n) for i in range(n)]
+        return [trusted(ledger_id, entry_id, partition) for _ in self.messages]
 
 
 class MessageAccumulator:
@@ -502,6 +503,10 @@ def make_message(content, properties, partition_key, ordering_key, sequence_id, 
     ``str`` content is UTF-8 encoded, ``deliver_after`` (timedelta) becomes
     ``deliver_at`` (ms since epoch), a ``str`` ordering key is UTF-8 encoded; the
     sequence id stays None unless given.  Raises ``TypeError`` for bad types."""
+    if (type(content) is bytes and properties is None and partition_key is None and ordering_key is None
+            and sequence_id is None and not event_timestamp and replication_clusters is None
+            and not disable_replication and deliver_after is None and deliver_at is None):
+        return PendingMessage(content, None)  # the common case, nothing to convert or check
     if isinstance(content, str):
         content = content.encode("utf-8")
     elif isinstance(content, (bytearray, memoryview)):
@@ -518,7 +523,7 @@ def make_message(content, properties, partition_key, ordering_key, sequence_id, 
         raise TypeError(f"sequence_id must be an int >= 0, got {sequence_id!r}")
     return PendingMessage(
         payload=content, sequence_id=sequence_id,
-        properties={str(k): str(v) for k, v in (properties or {}).items()},
+        properties={str(k): str(v) for k, v in properties.items()} if properties else {},
         partition_key=partition_key, ordering_key=ordering_key, event_time=int(event_timestamp or 0),
         deliver_at=int(deliver_at) if deliver_at is not None else None,
         replicate_to=tuple(replication_clusters) if replication_clusters else None,

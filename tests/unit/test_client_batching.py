@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from client.batching import (
     LOCAL_ONLY, BatchMessageContainer, KeyBasedBatchMessageContainer, PendingMessage, is_batched,
-    message_metadata, parse_batch,
+    message_metadata, parse_batch, iter_batch,
 )
 from client.compression import CompressionType, decompress
 from client.entry_format import decode_entry, encode_entry
@@ -213,6 +213,76 @@ def test_parse_random_bytes_only_raises_corrupted_message(junk, count):
     except CorruptedMessage:
         return
     assert len(out) == count
+
+
+# ---- the hand-written fast paths agree with protobuf ----
+
+@given(payload=st.binary(max_size=300), seq=st.integers(0, 2**63 - 1), event_time=st.integers(0, 2**63 - 1))
+def test_hand_encoded_single_metadata_is_what_protobuf_writes(payload, seq, event_time):
+    from client.batching import _single_metadata
+    expected = SingleMessageMetadata(payload_size=len(payload), sequence_id=seq)
+    if event_time:
+        expected.event_time = event_time
+    assert _single_metadata(msg(seq, payload, event_time=event_time)) == expected.SerializeToString()
+
+
+@pytest.mark.parametrize("compression", [CompressionType.NONE, CompressionType.LZ4])
+@given(fields=st.lists(message_fields, min_size=1, max_size=20), first_seq=st.integers(0, 2**40))
+def test_iter_batch_agrees_with_parse_batch(compression, fields, first_seq):
+    container = BatchMessageContainer(max_messages=0, max_bytes=0)
+    for i, f in enumerate(fields):
+        container.add(PendingMessage(sequence_id=first_seq + i, **f))
+    metadata, payload, messages = container.build("prod", compression)
+    data = decompress(metadata.compression, payload, metadata.uncompressed_size)
+    fast = iter_batch(metadata, data)
+    slow = parse_batch(metadata, data)
+    assert len(fast) == len(slow) == len(messages)
+    for (body, seq, event_time, smm), (ref, ref_body), m in zip(fast, slow, messages):
+        assert body == ref_body == m.payload
+        assert seq == ref.sequence_id == m.sequence_id and event_time == ref.event_time == m.event_time
+        plain = not m.properties and m.partition_key is None and m.ordering_key is None
+        assert (smm is None) == plain  # protobuf only parses what the fast path cannot
+        if smm is not None:
+            assert smm == ref
+
+
+def test_iter_batch_falls_back_to_protobuf_for_unknown_fields_and_null_values():
+    smm = SingleMessageMetadata(payload_size=0, sequence_id=5, null_value=True, compacted_out=False)
+    raw = smm.SerializeToString()
+    metadata = MessageMetadata(producer_name="p", sequence_id=5, publish_time=0, num_messages_in_batch=1)
+    [(body, seq, _, parsed)] = iter_batch(metadata, struct.pack(">I", len(raw)) + raw)
+    assert body == b"" and seq == 5 and parsed is not None and parsed.null_value
+
+
+def test_iter_batch_bad_input_gives_the_same_errors_as_parse_batch():
+    metadata, payload = _batch()
+    for cut in range(len(payload)):
+        with pytest.raises(CorruptedMessage):
+            iter_batch(metadata, payload[:cut])
+    with pytest.raises(CorruptedMessage, match="trailing"):
+        iter_batch(metadata, payload + b"\x00")
+    one = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, num_messages_in_batch=1)
+    with pytest.raises(CorruptedMessage, match="unparsable SingleMessageMetadata"):
+        iter_batch(one, struct.pack(">I", 3) + b"\xff\xff\xff")
+    no_size = SingleMessageMetadata(sequence_id=1).SerializePartialToString()
+    with pytest.raises(CorruptedMessage, match="payload_size"):
+        iter_batch(one, struct.pack(">I", len(no_size)) + no_size)
+    negative = b"\x18" + b"\xff" * 9 + b"\x01"  # payload_size -1 as protobuf writes an int32
+    with pytest.raises(CorruptedMessage):
+        iter_batch(one, struct.pack(">I", len(negative)) + negative)
+
+
+@given(st.binary(max_size=200), st.integers(1, 5))
+def test_iter_batch_random_bytes_only_raise_corrupted_message(junk, count):
+    metadata = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, num_messages_in_batch=count)
+    try:
+        fast = iter_batch(metadata, junk)
+    except CorruptedMessage:
+        with pytest.raises(CorruptedMessage):
+            parse_batch(metadata, junk)
+        return
+    slow = parse_batch(metadata, junk)
+    assert [f[0] for f in fast] == [b for _, b in slow]
 
 
 # ---- key-based container (Key_Shared) ----

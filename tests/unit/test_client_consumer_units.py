@@ -323,3 +323,20 @@ def test_message_accessors():
     assert m.properties() == {"a": "1"}
     assert Message(b"", MessageId(1, 1), "t").partition_key() == ""
     assert mid.plain() == mid and type(mid.plain()) is MessageId
+
+
+@given(cumulative=st.none() | st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(-1, 4)),
+       individual=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=4))
+def test_first_new_batch_index_agrees_with_is_duplicate(cumulative, individual):
+    """The splitter's one-check-per-entry shortcut says what is_duplicate says per message."""
+    tracker = AcknowledgmentsGroupingTracker(ack_group_time_ms=100_000)
+    if cumulative is not None:
+        tracker.add_cumulative(MessageId(cumulative[0], cumulative[1], -1, cumulative[2], 5 if cumulative[2] >= 0 else 0), 0)
+    for ledger_id, entry_id in individual:
+        tracker.add_individual(MessageId(ledger_id, entry_id), 0)
+    for ledger_id in range(4):
+        for entry_id in range(4):
+            first_new = tracker.first_new_batch_index(ledger_id, entry_id)
+            for i in range(5):
+                dup = tracker.is_duplicate(MessageId(ledger_id, entry_id, -1, i, 5))
+                assert (i < first_new) == dup, (ledger_id, entry_id, i, first_new)
