@@ -24,7 +24,7 @@ _SIZE = struct.Struct(">I")
 LOCAL_ONLY = "__local__"  # replicate_to value of Pulsar's disableReplication()
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingMessage:
     """One message waiting in a producer (Pulsar's MessageImpl + its SendCallback).
 
@@ -57,7 +57,7 @@ class PendingMessage:
         """Value for ``MessageMetadata.replicate_to`` (empty = default clusters)."""
         if self.disable_replication:
             return (LOCAL_ONLY,)
-        return tuple(self.replicate_to or ())
+        return tuple(self.replicate_to) if self.replicate_to else ()
 
 
 def message_metadata(msg: PendingMessage, producer_name: str, publish_time_ms: int) -> MessageMetadata:
@@ -165,7 +165,13 @@ class BatchMessageContainer:
         with the same replication targets as the batch (they are per entry)."""
         if msg.deliver_at is not None:
             return False
-        return not self._messages or msg.replication_targets() == self._messages[0].replication_targets()
+        if not self._messages:
+            return True
+        first = self._messages[0]
+        if (msg.replicate_to is None and first.replicate_to is None
+                and msg.disable_replication == first.disable_replication):
+            return True  # the common case, no tuples to build
+        return msg.replication_targets() == first.replication_targets()
 
     def can_add(self, msg: PendingMessage) -> bool:
         """``is_compatible(msg) and has_space(msg.size)``: if False, build and

@@ -151,6 +151,7 @@ class MessageAccumulator:
         container_cls = (KeyBasedBatchMessageContainer if self.batching_type is BatchingType.KeyBased
                          else BatchMessageContainer)
         self._container = container_cls(batching_max_messages, batching_max_bytes)
+        self._plain_batching = batching_enabled and container_cls is BatchMessageContainer
         self.max_message_size = 0
         self.set_max_message_size(max_message_size)
         self.next_sequence_id = 0
@@ -209,6 +210,10 @@ class MessageAccumulator:
         message cannot fit one entry of ``max_message_size`` bytes and chunking
         is off; ``InvalidConfiguration`` for an unsupported compression.
         """
+        if self._plain_batching and msg.sequence_id is None and not self._potential_duplicate:
+            ops = self._add_plain(msg)
+            if ops is not None:
+                return ops
         if self.can_batch(msg) and (not self.chunking_enabled or not self._too_big_for_batch(msg)):
             if not self.chunking_enabled and self._too_big_for_batch(msg):
                 raise MessageTooBig(f"message of {msg.size} bytes is larger than the broker's max message size "
@@ -221,6 +226,35 @@ class MessageAccumulator:
         self._assign(msg)
         ops.extend(self._single_ops(msg, *prepared))
         return ops
+
+    def _add_plain(self, msg: PendingMessage) -> list[OpSendMsg] | None:
+        """Fast path of ``add`` for the common message: generated sequence id,
+        no delay, no replication settings, no properties or keys, far below the
+        size limit, with room in a batch of such messages.  Same outcome as the
+        general path; None when the message does not qualify."""
+        size = len(msg.payload)
+        if (msg.deliver_at is not None or msg.replicate_to is not None or msg.disable_replication
+                or msg.properties or msg.partition_key is not None or msg.ordering_key is not None
+                or size + 8192 >= self.max_message_size):
+            return None
+        c = self._container
+        messages = c._messages
+        seq = self.next_sequence_id
+        if messages:
+            first = messages[0]
+            if (first.replicate_to is not None or first.disable_replication or not c.has_space(size)
+                    or self._last_seq_in_batch is None or self._last_seq_in_batch >= seq):
+                return None
+        if seq <= self.last_sequence_id_pushed:
+            return None
+        self.next_sequence_id = seq + 1
+        msg.sequence_id = seq
+        if not messages:
+            self.batch_created_ms = self._mono()
+        messages.append(msg)
+        c._bytes += size
+        self._last_seq_in_batch = seq
+        return self.flush() if c.is_full() else []
 
     def flush(self) -> list[OpSendMsg]:
         """Close the open batch (if any) into ops (several for KeyBased)."""

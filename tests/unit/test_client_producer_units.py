@@ -389,3 +389,41 @@ def test_pop_sequence_takes_all_chunks_of_the_head_message():
     assert q.pop_sequence(1) == []
     assert {o.sequence_id for o in q.pop_sequence(0)} == {0}
     assert [o.sequence_id for o in q] == [1]
+
+
+_plain_or_not = st.fixed_dictionaries({
+    "size": st.sampled_from([1, 100, 200]),
+    "seq": st.none() | st.integers(0, 40),
+    "kind": st.sampled_from(["plain", "plain", "plain", "props", "local", "key", "delayed"]),
+    "pushed": st.sampled_from([False, False, False, True]),
+})
+
+
+@settings(max_examples=200)
+@given(steps=st.lists(_plain_or_not, max_size=40), max_messages=st.integers(1, 6))
+def test_fast_path_of_add_builds_the_same_entries_as_the_general_path(steps, max_messages):
+    """MessageAccumulator._add_plain is only a shortcut: with it disabled, the same
+    sends give byte-identical entries, sequence ids and dedup marks."""
+    fast = acc(batching_max_messages=max_messages, batching_max_bytes=250,
+               wall_clock_ms=lambda: 7, mono_clock_ms=lambda: 7)
+    slow = acc(batching_max_messages=max_messages, batching_max_bytes=250,
+               wall_clock_ms=lambda: 7, mono_clock_ms=lambda: 7)
+    slow._plain_batching = False
+    out = {id(fast): [], id(slow): []}
+    for step in steps:
+        for a in (fast, slow):
+            kw = {"props": {"properties": {"k": "v"}}, "local": {"disable_replication": True},
+                  "key": {"partition_key": "pk"}, "delayed": {"deliver_at": 10}}.get(step["kind"], {})
+            ops = a.add(msg(b"p" * step["size"], step["seq"], **kw))
+            if step["pushed"]:
+                ops += a.flush()
+            for op in ops:
+                a.last_sequence_id_pushed = max(a.last_sequence_id_pushed, op.highest_sequence_id)
+            out[id(a)] += [(op.sequence_id, op.highest_sequence_id, op.num_messages, op.entry, op.batched)
+                           for op in ops]
+    out[id(fast)] += [(op.sequence_id, op.highest_sequence_id, op.num_messages, op.entry, op.batched)
+                      for op in fast.flush()]
+    out[id(slow)] += [(op.sequence_id, op.highest_sequence_id, op.num_messages, op.entry, op.batched)
+                      for op in slow.flush()]
+    assert out[id(fast)] == out[id(slow)]
+    assert fast.next_sequence_id == slow.next_sequence_id
