@@ -307,7 +307,7 @@ async def role_producer(args) -> None:
                 # --indexed: the message's number (0, 1, ...) in its first 8 bytes
                 send(sent.to_bytes(8, "big") + pad if args.indexed else payload, callback(t0))
                 sent += 1
-            await asyncio.sleep(0.0005)
+            await asyncio.sleep(0.001)
     else:
         while sent < args.count:
             if sent - state["acked"] - state["errors"] >= args.max_outstanding:

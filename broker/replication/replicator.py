@@ -14,6 +14,11 @@
 * Reads are bounded by producer permits (queue of
   ``replication_producer_queue_size``; reading resumes below 90%) and by the
   dispatch rate (msgs/s and bytes/s).
+* At most ``max_batches_in_flight`` SendBatches wait for receipts; entries
+  written meanwhile go out together in the next one (Nagle-like, no timer).
+  A trickle of entries then costs one write, one receipt and one remote bookie
+  group commit per batch instead of per entry, which keeps the replication
+  lag low when the brokers and bookies are busy.
 * On a send receipt the position is deleted from the cursor; on any error the
   producer is closed, the cursor rewinds to its mark-delete position and the
   producer reconnects with exponential backoff.
@@ -95,18 +100,21 @@ class Replicator:
 
     ``queue_size``: max entries sent and not yet receipted (replicationProducerQueueSize);
     ``dispatch_rate``: (msgs/s, bytes/s) limits, <= 0 = unlimited; ``mark_delete_rate_limit``:
-    max persists/s of the ``pulsar.repl.<remote>`` cursor (0 = persist every receipt at once).
+    max persists/s of the ``pulsar.repl.<remote>`` cursor (0 = persist every receipt at once);
+    ``max_batches_in_flight``: SendBatches awaiting receipts before the next one is sent (count).
     """
 
     def __init__(self, topic: "PersistentTopic", local_cluster: str, remote_cluster: str, remote_url: str,
                  queue_size: int = 1000, dispatch_rate: tuple[float, float] = (0, 0),
-                 mark_delete_rate_limit: float = 0.0):
+                 mark_delete_rate_limit: float = 0.0, max_batches_in_flight: int = 1):
         self.topic = topic
         self.local_cluster = local_cluster
         self.remote_cluster = remote_cluster
         self.remote_url = remote_url
         self.queue_size = queue_size
         self.mark_delete_rate_limit = mark_delete_rate_limit
+        self.max_batches_in_flight = max_batches_in_flight
+        self.max_entries_per_batch = 500
         self.limiter = RateLimiter(*dispatch_rate)
         self.cursor = None
         self.connected = False
@@ -183,6 +191,10 @@ class Replicator:
         space = asyncio.Event()
         space.set()
         failure: list[BaseException] = []
+        batch_ends: collections.deque[int] = collections.deque()  # entries sent so far at each batch's end
+        counts = [0, 0]  # entries sent, entries receipted
+        batch_done = asyncio.Event()
+        batch_done.set()
 
         async def receipts():
             try:
@@ -201,12 +213,18 @@ class Replicator:
                         done.append(pos)
                     if done:
                         self.cursor.delete_nowait(done)
+                        counts[1] += len(done)
+                        while batch_ends and batch_ends[0] <= counts[1]:
+                            batch_ends.popleft()
+                        if len(batch_ends) < self.max_batches_in_flight:
+                            batch_done.set()
                     self._oldest_pending_publish_ms = in_flight[0][1] if in_flight else None
                     if len(in_flight) < self.queue_size * 0.9:
                         space.set()
             except BaseException as exc:  # noqa: BLE001 - surface to the session
                 failure.append(exc)
                 space.set()
+                batch_done.set()
 
         receipt_task = asyncio.create_task(receipts())
         try:
@@ -217,7 +235,11 @@ class Replicator:
                     space.clear()
                     await space.wait()
                     continue
-                n = min(100, self.queue_size - len(in_flight))
+                if len(batch_ends) >= self.max_batches_in_flight:
+                    batch_done.clear()
+                    await batch_done.wait()
+                    continue
+                n = min(self.max_entries_per_batch, self.queue_size - len(in_flight))
                 entries = await self.cursor.read_entries_or_wait(n, timeout=0.5)
                 if failure:
                     raise failure[0]
@@ -241,6 +263,8 @@ class Replicator:
                 if sends:
                     if self._oldest_pending_publish_ms is None:
                         self._oldest_pending_publish_ms = in_flight[0][1]
+                    counts[0] += len(sends)
+                    batch_ends.append(counts[0])
                     await call.write(pb.ProducerRequest(sends=pb.SendBatch(sends=sends)))
         finally:
             receipt_task.cancel()
