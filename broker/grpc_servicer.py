@@ -68,7 +68,13 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
 
     async def _produce_loop(self, context, topic, producer) -> None:
         pending: collections.deque = collections.deque()
-        arrived = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        wake: list = [None]  # the future the loop below awaits, if any (plain futures: no tasks per entry)
+
+        def signal(_=None) -> None:
+            w = wake[0]
+            if w is not None and not w.done():
+                w.set_result(None)
 
         async def reader():
             while True:
@@ -88,23 +94,31 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     except Exception as exc:
                         pending.append((send, exc))
                         producer.failed = producer.is_replicator
-                arrived.set()
+                signal()
 
         reader_task = asyncio.create_task(reader())
+        reader_task.add_done_callback(signal)
         try:
             while True:
                 if not pending:
                     if reader_task.done():
                         reader_task.result()
                         return
-                    arrived.clear()
-                    waiter = asyncio.ensure_future(arrived.wait())
-                    await asyncio.wait([waiter, reader_task], return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
+                    wake[0] = loop.create_future()
+                    try:
+                        await wake[0]
+                    finally:
+                        wake[0] = None
                     continue
                 head = pending[0][1]
                 if isinstance(head, asyncio.Future) and not head.done():
-                    await asyncio.wait([head])
+                    wake[0] = loop.create_future()
+                    head.add_done_callback(signal)
+                    try:
+                        await wake[0]
+                    finally:
+                        wake[0] = None
+                    continue
                 receipts = []
                 while pending:
                     send, item = pending[0]

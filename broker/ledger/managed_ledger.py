@@ -97,8 +97,7 @@ class ManagedLedger:
         self._queued: list[tuple[bytes, asyncio.Future]] = []
         self._rollover_task: Optional[asyncio.Task] = None
         self._read_handles: dict[int, LedgerHandle] = {}
-        self._entries_added = asyncio.Event()
-        self._entries_waiters = 0  # wait_for_position calls waiting on _entries_added
+        self._add_waiters: list[asyncio.Future] = []  # resolved at the next confirmed add (or close)
         self._closed = False
         self._fenced: Optional[Exception] = None
         self._info_lock = asyncio.Lock()
@@ -242,10 +241,8 @@ class ManagedLedger:
         self.cache.insert(pos, data)
         if not fut.done():
             fut.set_result(pos)
-        if self._entries_waiters:
-            ev = self._entries_added
-            self._entries_added = asyncio.Event()
-            ev.set()
+        if self._add_waiters:
+            self._wake_add_waiters()
 
     def _on_ledger_error(self, handle: LedgerHandle, exc: BaseException) -> None:
         if isinstance(exc, LedgerFencedError):
@@ -434,22 +431,44 @@ class ManagedLedger:
             self._read_handles[ledger_id] = handle
         return handle
 
+    def _wake_add_waiters(self) -> None:
+        waiters, self._add_waiters = self._add_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def position_future(self, pos: Position) -> Optional[asyncio.Future]:
+        """None if an entry at or after ``pos`` is already confirmed (or the managed
+        ledger is closed), else a future resolved at the next confirmed add or at
+        close (check again then).  Cancelling it is harmless.  A plain future, so
+        that idle dispatchers and replicators wait without creating tasks."""
+        if self._closed or not self.last_confirmed < pos:
+            return None
+        if len(self._add_waiters) > 64:  # drop waiters cancelled meanwhile (woken dispatchers)
+            self._add_waiters = [w for w in self._add_waiters if not w.done()]
+        fut = asyncio.get_running_loop().create_future()
+        self._add_waiters.append(fut)
+        return fut
+
     async def wait_for_position(self, pos: Position, timeout: Optional[float] = None) -> bool:
         """Wait until an entry at or after ``pos`` is confirmed (``last_confirmed >= pos``);
         returns False on timeout (seconds) or when the managed ledger closes."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._closed and self.last_confirmed < pos:
-            ev = self._entries_added
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+        while True:
+            fut = self.position_future(pos)
+            if fut is None:
+                break
+            if deadline is None:
+                await fut
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                fut.cancel()
                 return False
-            self._entries_waiters += 1
             try:
-                await asyncio.wait_for(ev.wait(), remaining)
+                await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
                 return False
-            finally:
-                self._entries_waiters -= 1
         return self.last_confirmed >= pos
 
     # ---- cursors --------------------------------------------------------
@@ -546,8 +565,7 @@ class ManagedLedger:
                     await self._store_info()
             except Exception as exc:
                 log.warning("[%s] close: %s", self.name, exc)
-        ev = self._entries_added
-        ev.set()
+        self._wake_add_waiters()
         self.factory._forget(self)
         self.cache.clear()
 

@@ -57,6 +57,7 @@ class Dispatcher:
         self.replay: set[Position] = set()           # messagesToRedeliver
         self._delayed: list[tuple[int, Position]] = []
         self._wakeup = asyncio.Event()
+        self._wake_future: Optional[asyncio.Future] = None  # what _wait awaits
         self._epoch = 0
         self._closed = False
         self._task: Optional[asyncio.Task] = None
@@ -82,6 +83,9 @@ class Dispatcher:
 
     def wake(self) -> None:
         self._wakeup.set()
+        wake = self._wake_future
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     # ---- consumers ------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -152,17 +156,31 @@ class Dispatcher:
             log.exception("[%s][%s] dispatcher failed", self.subscription.topic.name, self.subscription.name)
 
     async def _wait(self, read_position: Optional[Position]) -> None:
-        waiters = [asyncio.ensure_future(self._wakeup.wait())]
+        """Until ``wake()``, a new entry at/after ``read_position`` (if given) or the
+        next delayed message is due. One plain future, no tasks: this runs once
+        per entry when consumers keep up."""
+        if self._wakeup.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        wake = self._wake_future = loop.create_future()
         if read_position is not None:
-            waiters.append(asyncio.ensure_future(self.cursor.ml.wait_for_position(read_position)))
-        timeout = None
+            added = self.cursor.ml.position_future(read_position)
+            if added is None:
+                self._wake_future = None
+                return
+            added.add_done_callback(lambda _f: wake.done() or wake.set_result(None))
+        timer = None
         if self._delayed:
-            timeout = max(0.0, self._delayed[0][0] / 1000.0 - time.time())
+            delay = max(0.0, self._delayed[0][0] / 1000.0 - time.time())
+            timer = loop.call_later(delay, lambda: wake.done() or wake.set_result(None))
         try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await wake
         finally:
-            for w in waiters:
-                w.cancel()
+            self._wake_future = None
+            if timer is not None:
+                timer.cancel()
+            if read_position is not None and not added.done():
+                added.cancel()
 
     async def _read_replay(self, max_entries: int) -> list[Entry]:
         positions = sorted(self.replay)[:max_entries]
