@@ -24,6 +24,11 @@ GRPC_SERVER_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
+    # Clients ping every keep_alive_interval_seconds (Pulsar's keepAliveIntervalSeconds, 30 s) while
+    # their streams are idle. gRPC servers by default accept such pings only every 5 min and answer
+    # more with GOAWAY "too_many_pings", which drops every stream of the connection; accept 1/s.
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
 ]
 
 

@@ -102,8 +102,8 @@ def parse_service_url(url: str) -> ServiceUrl:
 def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_ms: int = 10000) -> list[tuple]:
     """gRPC channel options: 64 MiB max send/receive message length (bytes),
     keepalive pings every ``keepalive_interval_seconds`` (Pulsar's
-    keepAliveIntervalSeconds, default 30 s; only while calls are active, so
-    the server's default ping policy is respected) with a 10 s ack timeout, and
+    keepAliveIntervalSeconds, default 30 s; only while calls are active; the
+    broker accepts pings up to once a second) with a 10 s ack timeout, and
     reconnect backoff capped by ``connection_timeout_ms``."""
     return [
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),

@@ -146,3 +146,32 @@ async def test_dedup_drops_resent_sequence_ids(stub):
     assert success.last_sequence_id == 2
     assert all(r.message_id.ledger_id == -1 and r.message_id.entry_id == -1 for r in again)
     assert all(r.message_id.entry_id >= 0 for r in first)
+
+
+async def test_idle_streams_survive_client_keepalive_pings(standalone):
+    """Clients ping idle connections (keep_alive_interval_seconds); the broker must not answer
+    with GOAWAY "too_many_pings" (gRPC's default policy), which would drop every stream."""
+    from client.connection import channel_options
+
+    options = channel_options(keepalive_interval_seconds=2) + [("grpc.http2.max_pings_without_data", 0)]
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{standalone.port}", options=options)
+    stub = broker_pb2_grpc.PulsarBrokerStub(channel)
+    topic = topic_name()
+    try:
+        consumer = stub.Consume()
+        await consumer.write(pb.ConsumerRequest(subscribe=pb.Subscribe(
+            topic=topic, subscription="idle", sub_type=pb.Exclusive, initial_position=pb.Earliest, durable=True)))
+        assert (await consumer.read()).HasField("subscribed")
+        await consumer.write(pb.ConsumerRequest(flow=pb.Flow(permits=10)))
+        await asyncio.sleep(9)  # ~4 pings; gRPC's default server policy GOAWAYs at the 3rd
+        assert not consumer.done()
+        _, receipts = await produce(stub, topic, [pb.Send(sequence_id=0, highest_sequence_id=0, num_messages=1,
+                                                          headers_and_payload=entry("p-idle", 0, b"late"))])
+        assert receipts[0].message_id.entry_id >= 0
+        resp = await asyncio.wait_for(consumer.read(), 10)
+        while resp.HasField("active_change"):
+            resp = await asyncio.wait_for(consumer.read(), 10)
+        assert resp.HasField("messages"), resp  # the same stream still delivers
+        consumer.cancel()
+    finally:
+        await channel.close()
