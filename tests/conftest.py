@@ -6,6 +6,25 @@ import pytest
 
 from tests.procs import BookieProcess, ProcessTracker, start_bookie
 
+# Test modules that use the shared SparkSession (tests.spark.fixtures.spark_session).
+_SPARK_MODULES = ("test_spark_geo.py", "test_spark_sink.py", "test_spark_source.py")
+
+
+def pytest_collection_finish(session):
+    """Start the shared SparkSession before any test runs, when Spark tests are collected.
+
+    Starting it forks the JVM gateway (pyspark's Popen with a preexec_fn). Forking
+    this process later, while earlier tests' gRPC threads are busy, can crash the
+    child ("Other threads are currently calling into gRPC, skipping fork()
+    handlers", then a segfault) and fail a Spark test at random.
+    """
+    if not any(item.nodeid.split("::")[0].endswith(_SPARK_MODULES) for item in session.items):
+        return
+    from tests.spark.fixtures import SKIP_REASON, spark_session
+
+    if SKIP_REASON is None:
+        spark_session()
+
 
 @pytest.fixture
 def process_tracker():

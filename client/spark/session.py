@@ -94,6 +94,10 @@ def build_session(master: str = "local[2]", app_name: str = "minipulsar", conf: 
     already exists is returned as is, with the format registered).  Takes ~5-7 s
     for a new local session.  Raises ``RuntimeError`` with the reason when
     Spark cannot start (see ``spark_unavailable_reason``).
+
+    Create the session before this process opens minipulsar clients: starting
+    the JVM forks the process, and a fork while gRPC threads are busy can crash
+    the child (the JVM then never starts).
     """
     reason = spark_unavailable_reason()
     if reason is not None:
