@@ -37,6 +37,7 @@ import grpc
 from proto import bookie_pb2 as pb
 from proto import bookie_pb2_grpc
 from proto import metadata_pb2
+from proto.wire import encode_varint
 
 from .errors import (
     BKException,
@@ -93,19 +94,6 @@ class MetadataAccess(Protocol):
 AddCallback = Callable[[int, str], None]
 
 
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative int."""
-    if n < 0x80:
-        return _SMALL_VARINTS[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
 # Tag of AddEntriesRequest.adds (field 1, length-delimited).
 _ADDS_TAG = b"\x0a"
 
@@ -117,7 +105,7 @@ def _framed_add(serialized_add: bytes) -> bytes:
     field is encoded as one tag + length + message per element), so the writer
     only joins bytes: one add is serialized once, whatever its write set size.
     """
-    return _ADDS_TAG + _varint(len(serialized_add)) + serialized_add
+    return _ADDS_TAG + encode_varint(len(serialized_add)) + serialized_add
 
 
 def _call_plain(callback: AddCallback, address: str, status: int, message: str) -> None:

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 
 from client.compression import CompressionType, compress
 from client.errors import CorruptedMessage
+from proto.wire import encode_varint
 from proto.pulsar_api_pb2 import MessageMetadata, SingleMessageMetadata
 
 __all__ = ["PendingMessage", "BatchMessageContainer", "KeyBasedBatchMessageContainer", "parse_batch",
@@ -86,19 +87,6 @@ def is_batched(metadata: MessageMetadata) -> bool:
 
 
 _U63 = (1 << 63) - 1
-_VARINT_1 = [bytes((i,)) for i in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint of ``n`` (0 <= n < 2**64)."""
-    if n < 0x80:
-        return _VARINT_1[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _single_metadata(msg: PendingMessage) -> bytes:
@@ -109,8 +97,9 @@ def _single_metadata(msg: PendingMessage) -> bytes:
     if (seq is not None and not msg.properties and msg.partition_key is None and msg.ordering_key is None
             and 0 <= seq <= _U63 and 0 <= msg.event_time <= _U63):
         if msg.event_time:
-            return b"".join((b"\x18", _varint(len(msg.payload)), b"(", _varint(msg.event_time), b"@", _varint(seq)))
-        return b"".join((b"\x18", _varint(len(msg.payload)), b"@", _varint(seq)))
+            return b"".join((b"\x18", encode_varint(len(msg.payload)), b"(", encode_varint(msg.event_time),
+                             b"@", encode_varint(seq)))
+        return b"".join((b"\x18", encode_varint(len(msg.payload)), b"@", encode_varint(seq)))
     smm = SingleMessageMetadata(payload_size=len(msg.payload), sequence_id=msg.sequence_id)
     for k, v in msg.properties.items():
         smm.properties.add(key=k, value=v)

@@ -175,44 +175,44 @@ def _batch(n=3):
     return c.build("p")[:2]
 
 
-def test_parse_every_truncation_is_corruption():
+PARSERS = pytest.mark.parametrize("parse", [parse_batch, iter_batch], ids=["parse_batch", "iter_batch"])
+
+
+@PARSERS
+def test_parse_every_truncation_is_corruption(parse):
     metadata, payload = _batch()
     for cut in range(len(payload)):
         with pytest.raises(CorruptedMessage):
-            parse_batch(metadata, payload[:cut])
+            parse(metadata, payload[:cut])
 
 
-def test_parse_trailing_bytes_is_corruption():
+@PARSERS
+def test_parse_trailing_bytes_is_corruption(parse):
     metadata, payload = _batch()
     with pytest.raises(CorruptedMessage, match="trailing"):
-        parse_batch(metadata, payload + b"\x00")
+        parse(metadata, payload + b"\x00")
 
 
+@PARSERS
 @pytest.mark.parametrize("count", [0, -1, 2, 4, 10**6])
-def test_parse_wrong_count_is_corruption(count):
+def test_parse_wrong_count_is_corruption(parse, count):
     metadata, payload = _batch(3)
     metadata.num_messages_in_batch = count
     with pytest.raises(CorruptedMessage, match="corrupted batch"):
-        parse_batch(metadata, payload)
+        parse(metadata, payload)
 
 
-def test_parse_garbage_single_metadata():
+@PARSERS
+def test_parse_garbage_single_metadata(parse):
     metadata = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, num_messages_in_batch=1)
     with pytest.raises(CorruptedMessage, match="unparsable SingleMessageMetadata"):
-        parse_batch(metadata, struct.pack(">I", 3) + b"\xff\xff\xff")
+        parse(metadata, struct.pack(">I", 3) + b"\xff\xff\xff")
     no_size = SingleMessageMetadata(sequence_id=1).SerializePartialToString()
     with pytest.raises(CorruptedMessage, match="payload_size"):
-        parse_batch(metadata, struct.pack(">I", len(no_size)) + no_size)
-
-
-@given(st.binary(max_size=200), st.integers(1, 5))
-def test_parse_random_bytes_only_raises_corrupted_message(junk, count):
-    metadata = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, num_messages_in_batch=count)
-    try:
-        out = parse_batch(metadata, junk)
-    except CorruptedMessage:
-        return
-    assert len(out) == count
+        parse(metadata, struct.pack(">I", len(no_size)) + no_size)
+    negative = b"\x18" + b"\xff" * 9 + b"\x01"  # payload_size -1 as protobuf writes an int32
+    with pytest.raises(CorruptedMessage):
+        parse(metadata, struct.pack(">I", len(negative)) + negative)
 
 
 # ---- the hand-written fast paths agree with protobuf ----
@@ -254,26 +254,8 @@ def test_iter_batch_falls_back_to_protobuf_for_unknown_fields_and_null_values():
     assert body == b"" and seq == 5 and parsed is not None and parsed.null_value
 
 
-def test_iter_batch_bad_input_gives_the_same_errors_as_parse_batch():
-    metadata, payload = _batch()
-    for cut in range(len(payload)):
-        with pytest.raises(CorruptedMessage):
-            iter_batch(metadata, payload[:cut])
-    with pytest.raises(CorruptedMessage, match="trailing"):
-        iter_batch(metadata, payload + b"\x00")
-    one = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, num_messages_in_batch=1)
-    with pytest.raises(CorruptedMessage, match="unparsable SingleMessageMetadata"):
-        iter_batch(one, struct.pack(">I", 3) + b"\xff\xff\xff")
-    no_size = SingleMessageMetadata(sequence_id=1).SerializePartialToString()
-    with pytest.raises(CorruptedMessage, match="payload_size"):
-        iter_batch(one, struct.pack(">I", len(no_size)) + no_size)
-    negative = b"\x18" + b"\xff" * 9 + b"\x01"  # payload_size -1 as protobuf writes an int32
-    with pytest.raises(CorruptedMessage):
-        iter_batch(one, struct.pack(">I", len(negative)) + negative)
-
-
 @given(st.binary(max_size=200), st.integers(1, 5))
-def test_iter_batch_random_bytes_only_raise_corrupted_message(junk, count):
+def test_parse_random_bytes_only_raise_corrupted_message_and_both_parsers_agree(junk, count):
     metadata = MessageMetadata(producer_name="p", sequence_id=0, publish_time=0, num_messages_in_batch=count)
     try:
         fast = iter_batch(metadata, junk)
@@ -282,6 +264,7 @@ def test_iter_batch_random_bytes_only_raise_corrupted_message(junk, count):
             parse_batch(metadata, junk)
         return
     slow = parse_batch(metadata, junk)
+    assert len(fast) == count
     assert [f[0] for f in fast] == [b for _, b in slow]
 
 
