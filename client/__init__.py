@@ -13,6 +13,7 @@ Asyncio: ``AsyncClient`` (same methods, awaitable).  Admin: ``AdminClient``
 """
 from __future__ import annotations
 
+import proto.grpc_defaults  # noqa: F401 - before anything imports grpc (see that module)
 from client.admin import AdminClient, SyncAdminClient
 from client.client import AsyncClient
 from client.compression import CompressionType

@@ -1,1 +1,3 @@
 """minipulsar deploy package."""
+
+import proto.grpc_defaults  # noqa: E402,F401 - before anything imports grpc (see that module)
