@@ -29,7 +29,6 @@ import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-
 from concurrent.futures import ThreadPoolExecutor
 
 import aiosqlite
