@@ -34,7 +34,11 @@ for c in t["clusters"][:2]:
     print(c["name"], f"minipulsar://{host}:{c['broker_port']}")
 PY
 )
+# The analytics are recomputed from the whole topic on every run: a checkpoint
+# left by an earlier run may point into a topic that `geo down --purge` has
+# since deleted and recreated, and would make the job skip its first entries.
 while read -r name url; do
+  rm -rf "${OUTPUT_DIR:?}/$name" "${OUTPUT_DIR:?}/checkpoints/$name"
   $BIN/minipulsar-spark-sink --service-url "$url" --topic "$TOPIC" --cluster "$name" \
     --output "$OUTPUT_DIR/$name" --checkpoint "$OUTPUT_DIR/checkpoints/$name" --trigger available-now
 done <<< "$urls"
