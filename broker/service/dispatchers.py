@@ -162,13 +162,16 @@ class Dispatcher:
         if self._wakeup.is_set():
             return
         loop = asyncio.get_running_loop()
-        wake = self._wake_future = loop.create_future()
         if read_position is not None:
-            added = self.cursor.ml.position_future(read_position)
-            if added is None:
-                self._wake_future = None
+            # The managed ledger's own per-waiter future: the add resolves it directly
+            # (no chained callback, one event-loop turn less per dispatched entry), and
+            # so can wake() below.
+            wake = self.cursor.ml.position_future(read_position)
+            if wake is None:
                 return
-            added.add_done_callback(lambda _f: wake.done() or wake.set_result(None))
+        else:
+            wake = loop.create_future()
+        self._wake_future = wake
         timer = None
         if self._delayed:
             delay = max(0.0, self._delayed[0][0] / 1000.0 - time.time())
@@ -179,8 +182,8 @@ class Dispatcher:
             self._wake_future = None
             if timer is not None:
                 timer.cancel()
-            if read_position is not None and not added.done():
-                added.cancel()
+            if not wake.done():
+                wake.cancel()
 
     async def _read_replay(self, max_entries: int) -> list[Entry]:
         positions = sorted(self.replay)[:max_entries]
