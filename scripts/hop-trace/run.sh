@@ -3,6 +3,7 @@
 # Applies instrument.patch to a throw-away git worktree (your tree is untouched), starts a
 # standalone from it, sends N unbatched messages one at a time and prints each hop's p50/p90/p99.
 # Usage: scripts/hop-trace/run.sh [N=2000] [standalone flags, e.g. --no-journal-sync]
+# KEEP_TRACE=DIR keeps the raw timestamps (out.<pid> files) in DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../.." && pwd)
 n=${1:-2000}; shift || true
