@@ -3,6 +3,7 @@
 # Applies instrument.patch to a throw-away git worktree (your tree is untouched), starts a
 # standalone from it, sends N unbatched messages one at a time and prints each hop's p50/p90/p99.
 # Usage: scripts/hop-trace/run.sh [N=2000] [standalone flags, e.g. --no-journal-sync]
+# RATE=5000 sends at that rate with 1 ms batching instead (hops are then per batch).
 # KEEP_TRACE=DIR keeps the raw timestamps (out.<pid> files) in DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../.." && pwd)
@@ -21,5 +22,5 @@ export PYTHONPATH="$work/tree:$here"
 sa=$!
 for _ in $(seq 100); do grep -q STANDALONE_READY "$work/standalone.log" && break; sleep 0.2; done
 grep -q STANDALONE_READY "$work/standalone.log" || { cat "$work/standalone.log"; exit 1; }
-"$py" "$here/drive.py" "minipulsar://127.0.0.1:$port" "$n" 0.002
+"$py" "$here/drive.py" "minipulsar://127.0.0.1:$port" "$n" 0.002 ${RATE:-}
 "$py" "$here/analyze.py"
