@@ -341,6 +341,19 @@ def possible_data_loss(start: Position, ledgers: Iterable[LedgerInfo],
     return True
 
 
+def start_beyond_end(start: Position, last: Position) -> bool:
+    """Whether a checkpointed ``start`` (the last entry read) lies after the
+    partition's ``last`` entry (``EARLIEST`` when empty).
+
+    Positions never go back within one topic (retention trims the head, not
+    the tail), so this means the topic was deleted and recreated with ledger
+    ids starting over (e.g. ``geo down --purge`` wiped the metadata store): the
+    checkpoint belongs to an earlier incarnation, and resuming at ``start``
+    would silently skip the new topic's entries up to it.
+    """
+    return start != EARLIEST and start > last
+
+
 def update_seen(seen: dict[int, int | None], ledgers: Iterable[LedgerInfo], limit: int = 1000) -> None:
     """Record a snapshot of a partition's ledgers into ``seen`` (see
     ``possible_data_loss``): every ledger but the last is closed (final size),

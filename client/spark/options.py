@@ -15,8 +15,10 @@ option                      meaning
                             default ``earliest`` for batch, ``latest`` for streaming
 ``endingOffsets``           batch only: ``latest`` (default) or JSON
 ``failOnDataLoss``          ``true`` (default): fail when data the query still has to
-                            read is gone (trimmed ledgers, deleted partitions);
-                            ``false``: warn and go on
+                            read is gone (trimmed ledgers, deleted partitions) or
+                            the checkpoint is ahead of a topic's last entry (a
+                            recreated topic); ``false``: warn and go on (a recreated
+                            topic from its first entry)
 ``maxOffsetsPerTrigger``    streaming: at most about this many entries per
                             micro-batch (a batched entry holds several messages)
 ``pollTimeoutMs``           wait for a message before checking for the range's end

@@ -46,7 +46,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, MapType, StringType, Str
                                TimestampType)
 
 from client.spark.offsets import (EARLIEST, Position, TopicPartition, from_spark, possible_data_loss, rate_limit,
-                                  resolve_offsets, to_spark, update_seen)
+                                  resolve_offsets, start_beyond_end, to_spark, update_seen)
 from client.spark.options import SourceError, SourceOptions
 from client.spark.partition_reader import PartitionRange, read_partition
 
@@ -96,6 +96,14 @@ def _range(options: SourceOptions, tp: TopicPartition, start: Position, end: Pos
         service_url=options.service_url, tp=tp, start=start, end=end, fail_on_data_loss=options.fail_on_data_loss,
         poll_timeout_ms=options.poll_timeout_ms, read_timeout_ms=options.read_timeout_ms,
         operation_timeout_ms=options.operation_timeout_ms, receiver_queue_size=options.receiver_queue_size))
+
+
+def _recreated_message(tp: TopicPartition, start: Position, last: Position) -> str:
+    return (f"option 'failOnDataLoss': the checkpointed position {start} of {tp.topic} partition {tp.partition} "
+            f"is after its last entry {last if last != EARLIEST else '(none: the topic is empty)'}, so the topic was "
+            f"deleted and recreated since the checkpoint was written and resuming would skip its entries up to "
+            f"{start}; delete the checkpoint directory to start over from startingOffsets, or set "
+            f"failOnDataLoss=false to read the new topic from its first entry")
 
 
 def _lost_message(tp: TopicPartition, start: Position, first_ledger: int) -> str:
@@ -244,8 +252,14 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     raise SourceError(message + "; set failOnDataLoss=false to go on without it")
                 log.warning("%s; dropping it (failOnDataLoss=false)", message)
         starts = {tp: pos for tp, pos in starts.items() if tp in states}
-        for tp, pos in starts.items():
-            if possible_data_loss(pos, states[tp].ledgers, self._seen.get(tp)):
+        for tp, pos in list(starts.items()):
+            if start_beyond_end(pos, states[tp].last):
+                message = _recreated_message(tp, pos, states[tp].last)
+                if opts.fail_on_data_loss:
+                    raise SourceError(message)
+                log.warning("%s; reading the new topic from its first entry (failOnDataLoss=false)", message)
+                starts[tp] = EARLIEST
+            elif possible_data_loss(pos, states[tp].ledgers, self._seen.get(tp)):
                 message = _lost_message(tp, pos, states[tp].ledgers[0].ledger_id)
                 if opts.fail_on_data_loss:
                     raise SourceError(message)
@@ -268,21 +282,23 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def partitions(self, start: dict, end: dict) -> list[MinipulsarPartition]:
         """Input partitions for ``(start, end]``: one per topic partition that
-        advanced.  A start whose data may be gone (``failOnDataLoss=false``)
-        reads from the oldest entry kept."""
+        advanced.  With ``failOnDataLoss=false``, a start whose data may be gone
+        reads from the oldest entry kept, and a start after the partition's last
+        entry (a recreated topic) from its first."""
         starts, ends = from_spark(start or {}), from_spark(end or {})
         out = []
         for tp, stop in ends.items():
             begin = starts.get(tp, EARLIEST)
-            if stop <= begin:
-                continue
             if not self.options.fail_on_data_loss and begin != EARLIEST:
                 try:
                     state = self._broker().states([tp], missing_ok=True).get(tp)
                 except SourceError:
                     state = None
-                if state is not None and possible_data_loss(begin, state.ledgers, self._seen.get(tp)):
+                if state is not None and (start_beyond_end(begin, state.last) or possible_data_loss(
+                        begin, state.ledgers, self._seen.get(tp))):
                     begin = EARLIEST
+            if stop <= begin:
+                continue
             out.append(_range(self.options, tp, begin, stop))
         return out
 

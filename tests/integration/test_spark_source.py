@@ -240,3 +240,39 @@ def test_recreated_topic_fails_on_data_loss_unless_told(spark, url, client, admi
     _stream_to_parquet(spark, url, topic, out, checkpoint, failOnDataLoss="false")
     values = sorted(r.v for r in spark.read.parquet(str(out)).collect())
     assert values == sorted([f"m{i}" for i in range(50)] + [f"m{i}" for i in range(100, 120)])
+
+
+def _checkpoint_as_older_incarnation(checkpoint, topic: str) -> None:
+    """Rewrite the newest checkpointed offsets of ``topic`` to positions of an
+    earlier incarnation with higher ledger ids (what a purge of the metadata
+    store leaves behind: the new topic's ledger ids start over)."""
+    offsets_dir = checkpoint / "offsets"
+    newest = max((p for p in offsets_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    lines = newest.read_text().splitlines()
+    source = json.loads(lines[2])
+    source[topic] = {partition: "1000000:5" for partition in source[topic]}
+    lines[2] = json.dumps(source)
+    newest.write_text("\n".join(lines))
+    crc = offsets_dir / f".{newest.name}.crc"
+    if crc.exists():
+        crc.unlink()
+
+
+def test_checkpoint_of_a_recreated_topic_with_restarted_ledger_ids_is_not_silently_skipped(
+        spark, url, client, tmp_path):
+    topic = unique_topic("spark-incarnation")
+    produce(client, topic, 0, 30)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    _stream_to_parquet(spark, url, topic, out, checkpoint)
+    _checkpoint_as_older_incarnation(checkpoint, topic)
+    produce(client, topic, 30, 40)
+
+    with pytest.raises(Exception) as excinfo:
+        _stream_to_parquet(spark, url, topic, out, checkpoint)
+    text = _error_text(excinfo)
+    assert "option 'failOnDataLoss'" in text and "deleted and recreated" in text, text[:800]
+
+    _stream_to_parquet(spark, url, topic, out, checkpoint, failOnDataLoss="false")
+    values = sorted(r.v for r in spark.read.parquet(str(out)).collect())
+    # the first run's 30, then the whole "new" topic (all 40) read from its first entry
+    assert values == sorted([f"m{i}" for i in range(30)] + [f"m{i}" for i in range(40)])

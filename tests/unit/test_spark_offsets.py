@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from client.spark.offsets import (EARLIEST, LedgerInfo, OffsetError, Position, TopicPartition, advance,
                                   count_entries, from_spark, parse_offsets_option, parse_position,
-                                  partition_topic_name, possible_data_loss, rate_limit, resolve_offsets, to_spark,
-                                  update_seen)
+                                  partition_topic_name, possible_data_loss, rate_limit, resolve_offsets,
+                                  start_beyond_end, to_spark, update_seen)
 from client.spark.options import SourceError, SourceOptions
 
 T = "persistent://public/default/t"
@@ -172,6 +172,15 @@ def test_rate_limited_batches_cover_everything_once(sizes, budget):
         starts = batch_end
     assert starts == {tp: max(ends[tp], EARLIEST) for tp in tps}
     assert [read[tp] for tp in tps] == sizes
+
+
+def test_start_beyond_end_means_another_incarnation_of_the_topic():
+    assert not start_beyond_end(EARLIEST, EARLIEST)            # nothing read yet, empty topic
+    assert not start_beyond_end(Position(3, 9), Position(3, 9))  # read up to the end
+    assert not start_beyond_end(Position(3, 9), Position(4, 0))  # more to read
+    assert start_beyond_end(Position(3, 9), Position(3, 8))      # the tail never shrinks
+    assert start_beyond_end(Position(7, 0), Position(2, 500))    # ledger ids started over
+    assert start_beyond_end(Position(0, 0), EARLIEST)            # recreated and still empty
 
 
 def test_possible_data_loss():
