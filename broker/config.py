@@ -8,12 +8,13 @@ import dataclasses
 import tomllib
 from typing import Any, Optional
 
-from broker.ledger.managed_ledger import ManagedLedgerConfig
+from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerSettings
 
 
 @dataclasses.dataclass
-class BrokerConfig:
-    """Settings of one broker process (Pulsar's ServiceConfiguration)."""
+class BrokerConfig(ManagedLedgerSettings):
+    """Settings of one broker process (Pulsar's ServiceConfiguration); the
+    managed-ledger keys come from :class:`ManagedLedgerSettings`."""
 
     cluster_name: str = "standalone"
     bookies: list[str] = dataclasses.field(default_factory=list)     # host:port of every bookie
@@ -41,24 +42,13 @@ class BrokerConfig:
     replicated_subscriptions_snapshot_max_cached_per_subscription: int = 30
     # beyond PIP-33: UPDATEs between snapshots carrying acknowledged origins, at most this often
     replicated_subscriptions_update_interval_millis: int = 100
-    # managed ledger / bookkeeper
-    managed_ledger_max_entries_per_ledger: int = 50000
-    managed_ledger_max_size_per_ledger_mb: int = 2048
-    managed_ledger_min_ledger_rollover_time_minutes: float = 10.0
-    managed_ledger_max_ledger_rollover_time_minutes: float = 240.0
-    managed_ledger_default_ensemble_size: int = 2
-    managed_ledger_default_write_quorum: int = 2
-    managed_ledger_default_ack_quorum: int = 2
-    managed_ledger_cache_size_mb: int = 256
-    managed_ledger_cursor_max_entries_per_ledger: int = 50000
-    default_retention_time_in_minutes: int = 0
-    default_retention_size_in_mb: int = 0
+    # managed ledger / bookkeeper keys: inherited from ManagedLedgerSettings
 
     def managed_ledger_config(self) -> ManagedLedgerConfig:
-        ml_fields = {f.name for f in dataclasses.fields(ManagedLedgerConfig)}
-        values = {k: v for k, v in dataclasses.asdict(self).items() if k in ml_fields}
-        values["max_entry_size_bytes"] = self.max_message_size + 64 * 1024
-        return ManagedLedgerConfig(**values)
+        """The ManagedLedgerConfig of this broker's topics: its managed-ledger keys,
+        and entries of up to ``max_message_size`` + 64 KiB of metadata (bytes)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ManagedLedgerSettings)}
+        return ManagedLedgerConfig(**values, max_entry_size_bytes=self.max_message_size + 64 * 1024)
 
     @classmethod
     def from_toml(cls, path: str) -> "BrokerConfig":

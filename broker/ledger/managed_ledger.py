@@ -51,8 +51,18 @@ class InvalidPositionError(ManagedLedgerError):
 
 
 @dataclasses.dataclass
-class ManagedLedgerConfig:
-    """Managed-ledger settings, named as broker.conf keys in snake_case."""
+class ManagedLedgerSettings:
+    """The broker.conf keys (snake_case) that configure managed ledgers; the
+    broker's own config (``broker.config.BrokerConfig``) inherits them.
+
+    Rollover when a ledger holds ``managed_ledger_max_entries_per_ledger``
+    entries or ``..._max_size_per_ledger_mb`` MiB, once it is at least
+    ``..._min_ledger_rollover_time_minutes`` old, and at the latest after
+    ``..._max_ledger_rollover_time_minutes``; new ledgers get ensemble size E,
+    write quorum Qw and ack quorum Qa; the entry cache holds up to
+    ``managed_ledger_cache_size_mb`` MiB; a cursor ledger rolls over after
+    ``managed_ledger_cursor_max_entries_per_ledger`` entries.
+    """
 
     managed_ledger_max_entries_per_ledger: int = 50000
     managed_ledger_max_size_per_ledger_mb: int = 2048
@@ -67,6 +77,14 @@ class ManagedLedgerConfig:
     # consumed ledgers are kept while within either limit; -1 = keep forever.
     default_retention_time_in_minutes: int = 0
     default_retention_size_in_mb: int = 0
+
+
+@dataclasses.dataclass
+class ManagedLedgerConfig(ManagedLedgerSettings):
+    """Managed-ledger settings (Pulsar's ManagedLedgerConfig): the broker.conf
+    keys of :class:`ManagedLedgerSettings` plus the largest entry accepted,
+    ``max_entry_size_bytes`` (the broker derives it from max_message_size)."""
+
     max_entry_size_bytes: int = 5 * 1024 * 1024
 
 
