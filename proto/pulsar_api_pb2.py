@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10pulsar_api.proto\x12\x0eminipulsar.api\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"\xca\x05\n\x0fMessageMetadata\x12\x15\n\rproducer_name\x18\x01 \x02(\t\x12\x13\n\x0bsequence_id\x18\x02 \x02(\x04\x12\x14\n\x0cpublish_time\x18\x03 \x02(\x04\x12,\n\nproperties\x18\x04 \x03(\x0b\x32\x18.minipulsar.api.KeyValue\x12\x17\n\x0freplicated_from\x18\x05 \x01(\t\x12\x15\n\rpartition_key\x18\x06 \x01(\t\x12\x14\n\x0creplicate_to\x18\x07 \x03(\t\x12:\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x1f.minipulsar.api.CompressionType:\x04NONE\x12\x1c\n\x11uncompressed_size\x18\t \x01(\r:\x01\x30\x12 \n\x15num_messages_in_batch\x18\x0b \x01(\x05:\x01\x31\x12\x15\n\nevent_time\x18\x0c \x01(\x04:\x01\x30\x12(\n\x19partition_key_b64_encoded\x18\x11 \x01(\x08:\x05\x66\x61lse\x12\x14\n\x0cordering_key\x18\x12 \x01(\x0c\x12\x17\n\x0f\x64\x65liver_at_time\x18\x13 \x01(\x03\x12\x13\n\x0bmarker_type\x18\x14 \x01(\x05\x12\x1e\n\x13highest_sequence_id\x18\x18 \x01(\x04:\x01\x30\x12\x19\n\nnull_value\x18\x19 \x01(\x08:\x05\x66\x61lse\x12\x0c\n\x04uuid\x18\x1a \x01(\t\x12\x1b\n\x13num_chunks_from_msg\x18\x1b \x01(\x05\x12\x1c\n\x14total_chunk_msg_size\x18\x1c \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x1d \x01(\x05\x12!\n\x12null_partition_key\x18\x1e \x01(\x08:\x05\x66\x61lse\x12#\n\x1breplicated_source_ledger_id\x18\x64 \x01(\x03\x12\"\n\x1areplicated_source_entry_id\x18\x65 \x01(\x03\"\xba\x02\n\x15SingleMessageMetadata\x12,\n\nproperties\x18\x01 \x03(\x0b\x32\x18.minipulsar.api.KeyValue\x12\x15\n\rpartition_key\x18\x02 \x01(\t\x12\x14\n\x0cpayload_size\x18\x03 \x02(\x05\x12\x1c\n\rcompacted_out\x18\x04 \x01(\x08:\x05\x66\x61lse\x12\x15\n\nevent_time\x18\x05 \x01(\x04:\x01\x30\x12(\n\x19partition_key_b64_encoded\x18\x06 \x01(\x08:\x05\x66\x61lse\x12\x14\n\x0cordering_key\x18\x07 \x01(\x0c\x12\x13\n\x0bsequence_id\x18\x08 \x01(\x04\x12\x19\n\nnull_value\x18\t \x01(\x08:\x05\x66\x61lse\x12!\n\x12null_partition_key\x18\n \x01(\x08:\x05\x66\x61lse\"U\n&ReplicatedSubscriptionsSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x02(\t\x12\x16\n\x0esource_cluster\x18\x02 \x01(\t\"q\n\'ReplicatedSubscriptionsSnapshotResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x02(\t\x12\x31\n\x07\x63luster\x18\x02 \x01(\x0b\x32 .minipulsar.api.ClusterMessageId\"\xaa\x01\n\x1fReplicatedSubscriptionsSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x02(\t\x12>\n\x10local_message_id\x18\x02 \x01(\x0b\x32$.minipulsar.api.MarkersMessageIdData\x12\x32\n\x08\x63lusters\x18\x03 \x03(\x0b\x32 .minipulsar.api.ClusterMessageId\"\xac\x01\n\x1dReplicatedSubscriptionsUpdate\x12\x19\n\x11subscription_name\x18\x01 \x02(\t\x12\x32\n\x08\x63lusters\x18\x02 \x03(\x0b\x32 .minipulsar.api.ClusterMessageId\x12<\n\x12individually_acked\x18\x03 \x03(\x0b\x32 .minipulsar.api.ClusterAckRanges\"]\n\x10\x43lusterMessageId\x12\x0f\n\x07\x63luster\x18\x01 \x02(\t\x12\x38\n\nmessage_id\x18\x02 \x02(\x0b\x32$.minipulsar.api.MarkersMessageIdData\";\n\x14MarkersMessageIdData\x12\x11\n\tledger_id\x18\x01 \x02(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x02(\x04\"\x97\x01\n\x10\x43lusterAckRanges\x12\x0f\n\x07\x63luster\x18\x01 \x02(\t\x12\x39\n\x0brange_start\x18\x02 \x03(\x0b\x32$.minipulsar.api.MarkersMessageIdData\x12\x37\n\trange_end\x18\x03 \x03(\x0b\x32$.minipulsar.api.MarkersMessageIdData\"\x87\x01\n\rMessageIdData\x12\x10\n\x08ledgerId\x18\x01 \x02(\x04\x12\x0f\n\x07\x65ntryId\x18\x02 \x02(\x04\x12\x15\n\tpartition\x18\x03 \x01(\x05:\x02-1\x12\x17\n\x0b\x62\x61tch_index\x18\x04 \x01(\x05:\x02-1\x12\x0f\n\x07\x61\x63k_set\x18\x05 \x03(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05*D\n\x0f\x43ompressionType\x12\x08\n\x04NONE\x10\x00\x12\x07\n\x03LZ4\x10\x01\x12\x08\n\x04ZLIB\x10\x02\x12\x08\n\x04ZSTD\x10\x03\x12\n\n\x06SNAPPY\x10\x04*\xc7\x01\n\nMarkerType\x12\x12\n\x0eUNKNOWN_MARKER\x10\x00\x12,\n(REPLICATED_SUBSCRIPTION_SNAPSHOT_REQUEST\x10\n\x12-\n)REPLICATED_SUBSCRIPTION_SNAPSHOT_RESPONSE\x10\x0b\x12$\n REPLICATED_SUBSCRIPTION_SNAPSHOT\x10\x0c\x12\"\n\x1eREPLICATED_SUBSCRIPTION_UPDATE\x10\r')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10pulsar_api.proto\x12\x0eminipulsar.api\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"\xca\x05\n\x0fMessageMetadata\x12\x15\n\rproducer_name\x18\x01 \x02(\t\x12\x13\n\x0bsequence_id\x18\x02 \x02(\x04\x12\x14\n\x0cpublish_time\x18\x03 \x02(\x04\x12,\n\nproperties\x18\x04 \x03(\x0b\x32\x18.minipulsar.api.KeyValue\x12\x17\n\x0freplicated_from\x18\x05 \x01(\t\x12\x15\n\rpartition_key\x18\x06 \x01(\t\x12\x14\n\x0creplicate_to\x18\x07 \x03(\t\x12:\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x1f.minipulsar.api.CompressionType:\x04NONE\x12\x1c\n\x11uncompressed_size\x18\t \x01(\r:\x01\x30\x12 \n\x15num_messages_in_batch\x18\x0b \x01(\x05:\x01\x31\x12\x15\n\nevent_time\x18\x0c \x01(\x04:\x01\x30\x12(\n\x19partition_key_b64_encoded\x18\x11 \x01(\x08:\x05\x66\x61lse\x12\x14\n\x0cordering_key\x18\x12 \x01(\x0c\x12\x17\n\x0f\x64\x65liver_at_time\x18\x13 \x01(\x03\x12\x13\n\x0bmarker_type\x18\x14 \x01(\x05\x12\x1e\n\x13highest_sequence_id\x18\x18 \x01(\x04:\x01\x30\x12\x19\n\nnull_value\x18\x19 \x01(\x08:\x05\x66\x61lse\x12\x0c\n\x04uuid\x18\x1a \x01(\t\x12\x1b\n\x13num_chunks_from_msg\x18\x1b \x01(\x05\x12\x1c\n\x14total_chunk_msg_size\x18\x1c \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x1d \x01(\x05\x12!\n\x12null_partition_key\x18\x1e \x01(\x08:\x05\x66\x61lse\x12#\n\x1breplicated_source_ledger_id\x18\x64 \x01(\x03\x12\"\n\x1areplicated_source_entry_id\x18\x65 \x01(\x03\"\xba\x02\n\x15SingleMessageMetadata\x12,\n\nproperties\x18\x01 \x03(\x0b\x32\x18.minipulsar.api.KeyValue\x12\x15\n\rpartition_key\x18\x02 \x01(\t\x12\x14\n\x0cpayload_size\x18\x03 \x02(\x05\x12\x1c\n\rcompacted_out\x18\x04 \x01(\x08:\x05\x66\x61lse\x12\x15\n\nevent_time\x18\x05 \x01(\x04:\x01\x30\x12(\n\x19partition_key_b64_encoded\x18\x06 \x01(\x08:\x05\x66\x61lse\x12\x14\n\x0cordering_key\x18\x07 \x01(\x0c\x12\x13\n\x0bsequence_id\x18\x08 \x01(\x04\x12\x19\n\nnull_value\x18\t \x01(\x08:\x05\x66\x61lse\x12!\n\x12null_partition_key\x18\n \x01(\x08:\x05\x66\x61lse\"o\n&ReplicatedSubscriptionsSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x02(\t\x12\x16\n\x0esource_cluster\x18\x02 \x01(\t\x12\x18\n\tfollow_up\x18\x03 \x01(\x08:\x05\x66\x61lse\"q\n\'ReplicatedSubscriptionsSnapshotResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x02(\t\x12\x31\n\x07\x63luster\x18\x02 \x01(\x0b\x32 .minipulsar.api.ClusterMessageId\"\xaa\x01\n\x1fReplicatedSubscriptionsSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x02(\t\x12>\n\x10local_message_id\x18\x02 \x01(\x0b\x32$.minipulsar.api.MarkersMessageIdData\x12\x32\n\x08\x63lusters\x18\x03 \x03(\x0b\x32 .minipulsar.api.ClusterMessageId\"\xac\x01\n\x1dReplicatedSubscriptionsUpdate\x12\x19\n\x11subscription_name\x18\x01 \x02(\t\x12\x32\n\x08\x63lusters\x18\x02 \x03(\x0b\x32 .minipulsar.api.ClusterMessageId\x12<\n\x12individually_acked\x18\x03 \x03(\x0b\x32 .minipulsar.api.ClusterAckRanges\"]\n\x10\x43lusterMessageId\x12\x0f\n\x07\x63luster\x18\x01 \x02(\t\x12\x38\n\nmessage_id\x18\x02 \x02(\x0b\x32$.minipulsar.api.MarkersMessageIdData\";\n\x14MarkersMessageIdData\x12\x11\n\tledger_id\x18\x01 \x02(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x02(\x04\"\x97\x01\n\x10\x43lusterAckRanges\x12\x0f\n\x07\x63luster\x18\x01 \x02(\t\x12\x39\n\x0brange_start\x18\x02 \x03(\x0b\x32$.minipulsar.api.MarkersMessageIdData\x12\x37\n\trange_end\x18\x03 \x03(\x0b\x32$.minipulsar.api.MarkersMessageIdData\"\x87\x01\n\rMessageIdData\x12\x10\n\x08ledgerId\x18\x01 \x02(\x04\x12\x0f\n\x07\x65ntryId\x18\x02 \x02(\x04\x12\x15\n\tpartition\x18\x03 \x01(\x05:\x02-1\x12\x17\n\x0b\x62\x61tch_index\x18\x04 \x01(\x05:\x02-1\x12\x0f\n\x07\x61\x63k_set\x18\x05 \x03(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05*D\n\x0f\x43ompressionType\x12\x08\n\x04NONE\x10\x00\x12\x07\n\x03LZ4\x10\x01\x12\x08\n\x04ZLIB\x10\x02\x12\x08\n\x04ZSTD\x10\x03\x12\n\n\x06SNAPPY\x10\x04*\xc7\x01\n\nMarkerType\x12\x12\n\x0eUNKNOWN_MARKER\x10\x00\x12,\n(REPLICATED_SUBSCRIPTION_SNAPSHOT_REQUEST\x10\n\x12-\n)REPLICATED_SUBSCRIPTION_SNAPSHOT_RESPONSE\x10\x0b\x12$\n REPLICATED_SUBSCRIPTION_SNAPSHOT\x10\x0c\x12\"\n\x1eREPLICATED_SUBSCRIPTION_UPDATE\x10\r')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pulsar_api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMPRESSIONTYPE']._serialized_start=2108
-  _globals['_COMPRESSIONTYPE']._serialized_end=2176
-  _globals['_MARKERTYPE']._serialized_start=2179
-  _globals['_MARKERTYPE']._serialized_end=2378
+  _globals['_COMPRESSIONTYPE']._serialized_start=2134
+  _globals['_COMPRESSIONTYPE']._serialized_end=2202
+  _globals['_MARKERTYPE']._serialized_start=2205
+  _globals['_MARKERTYPE']._serialized_end=2404
   _globals['_KEYVALUE']._serialized_start=36
   _globals['_KEYVALUE']._serialized_end=74
   _globals['_MESSAGEMETADATA']._serialized_start=77
@@ -42,19 +42,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SINGLEMESSAGEMETADATA']._serialized_start=794
   _globals['_SINGLEMESSAGEMETADATA']._serialized_end=1108
   _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTREQUEST']._serialized_start=1110
-  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTREQUEST']._serialized_end=1195
-  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTRESPONSE']._serialized_start=1197
-  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTRESPONSE']._serialized_end=1310
-  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOT']._serialized_start=1313
-  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOT']._serialized_end=1483
-  _globals['_REPLICATEDSUBSCRIPTIONSUPDATE']._serialized_start=1486
-  _globals['_REPLICATEDSUBSCRIPTIONSUPDATE']._serialized_end=1658
-  _globals['_CLUSTERMESSAGEID']._serialized_start=1660
-  _globals['_CLUSTERMESSAGEID']._serialized_end=1753
-  _globals['_MARKERSMESSAGEIDDATA']._serialized_start=1755
-  _globals['_MARKERSMESSAGEIDDATA']._serialized_end=1814
-  _globals['_CLUSTERACKRANGES']._serialized_start=1817
-  _globals['_CLUSTERACKRANGES']._serialized_end=1968
-  _globals['_MESSAGEIDDATA']._serialized_start=1971
-  _globals['_MESSAGEIDDATA']._serialized_end=2106
+  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTREQUEST']._serialized_end=1221
+  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTRESPONSE']._serialized_start=1223
+  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOTRESPONSE']._serialized_end=1336
+  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOT']._serialized_start=1339
+  _globals['_REPLICATEDSUBSCRIPTIONSSNAPSHOT']._serialized_end=1509
+  _globals['_REPLICATEDSUBSCRIPTIONSUPDATE']._serialized_start=1512
+  _globals['_REPLICATEDSUBSCRIPTIONSUPDATE']._serialized_end=1684
+  _globals['_CLUSTERMESSAGEID']._serialized_start=1686
+  _globals['_CLUSTERMESSAGEID']._serialized_end=1779
+  _globals['_MARKERSMESSAGEIDDATA']._serialized_start=1781
+  _globals['_MARKERSMESSAGEIDDATA']._serialized_end=1840
+  _globals['_CLUSTERACKRANGES']._serialized_start=1843
+  _globals['_CLUSTERACKRANGES']._serialized_end=1994
+  _globals['_MESSAGEIDDATA']._serialized_start=1997
+  _globals['_MESSAGEIDDATA']._serialized_end=2132
 # @@protoc_insertion_point(module_scope)

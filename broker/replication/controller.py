@@ -4,6 +4,14 @@
   snapshot (writes SNAPSHOT_REQUEST) unless no data arrived since the last
   completed one, no subscription is replicated, or a replicator is
   disconnected (as Pulsar: snapshots stop while a cluster is unreachable).
+* Beyond PIP-33, follow-up snapshots: when a remote's data snapshot request
+  arrives, this cluster takes one snapshot at its next tick even without new
+  data of its own. Without it, a standby copy of a subscription active here
+  never catches up with data that reached the standby's cluster after this
+  cluster's last snapshot (late replication after a failover: the other
+  clusters' backlogs arrive at the restarted one while this one is idle). The
+  follow-up request is flagged ``follow_up`` so that it triggers no follow-ups
+  in turn: an idle system stays quiet.
   Snapshots pending longer than ``replicated_subscriptions_snapshot_timeout_seconds``
   are dropped and counted.
 * A SNAPSHOT_REQUEST received from a remote (through replication) is answered
@@ -62,6 +70,10 @@ class ReplicatedSubscriptionsController:
         self.timeout_ms = config.replicated_subscriptions_snapshot_timeout_seconds * 1000
         self.pending: dict[str, SnapshotBuilder] = {}
         self.last_completed_start_ms = 0
+        self.follow_up_due = False            # a remote took a data snapshot: take one at the next tick
+        self._follow_up_sids: set[str] = set()  # pending snapshots of ours that are follow-ups
+        self._remote_sids: dict[str, None] = {}  # remote data snapshots seen (ordered, bounded)
+        self.follow_ups = 0
         self.last_update_applied_ms: dict[str, float] = {}
         self._task: Optional[asyncio.Task] = None
         self.log_prefix = f"[{topic.name}][{local_cluster}]"
@@ -94,22 +106,28 @@ class ReplicatedSubscriptionsController:
         for sid, b in list(self.pending.items()):
             if b.timed_out(now_ms, self.timeout_ms):
                 del self.pending[sid]
+                self._follow_up_sids.discard(sid)
                 ControllerStats.pending -= 1
                 ControllerStats.timed_out += 1
                 log.info("%s snapshot %s timed out (missing %s)", self.log_prefix, sid, sorted(b.missing))
         if not any(s.replicated for s in self.topic.subscriptions.values()):
             return None
-        if self.topic.last_data_publish_ms < self.last_completed_start_ms:
-            return None   # no new data since the last snapshot
+        follow_up = self.topic.last_data_publish_ms < self.last_completed_start_ms
+        if follow_up and not self.follow_up_due:
+            return None   # no new data since the last snapshot, and no remote asked for a follow-up
         remotes = sorted(self.topic.replicators)
         if not remotes:
             return None
         if not all(getattr(r, "connected", False) for r in self.topic.replicators.values()):
             return None   # as Pulsar: no snapshot while a cluster is unreachable
+        self.follow_up_due = False
         sid = uuid.uuid4().hex
         self.pending[sid] = SnapshotBuilder(sid, remotes, now_ms)
         ControllerStats.pending += 1
-        self.topic.write_marker(markers.snapshot_request(sid, self.local_cluster))
+        if follow_up:
+            self._follow_up_sids.add(sid)
+            self.follow_ups += 1
+        self.topic.write_marker(markers.snapshot_request(sid, self.local_cluster, follow_up))
         return sid
 
     # ---- markers arriving through replication -----------------------------
@@ -125,6 +143,12 @@ class ReplicatedSubscriptionsController:
                 last = self.topic.ml.last_confirmed
                 self.topic.write_marker(markers.snapshot_response(msg.snapshot_id, msg.source_cluster,
                                                                   self.local_cluster, last))
+                if not msg.follow_up and msg.snapshot_id not in self._remote_sids:
+                    # the second round of the same snapshot asks for nothing more
+                    self._remote_sids[msg.snapshot_id] = None
+                    if len(self._remote_sids) > 256:
+                        del self._remote_sids[next(iter(self._remote_sids))]
+                    self.follow_up_due = True
         elif kind == markers.SNAPSHOT_RESPONSE:
             builder = self.pending.get(msg.snapshot_id)
             if builder is None:
@@ -132,9 +156,11 @@ class ReplicatedSubscriptionsController:
             action = builder.received_response(entry.position, msg.cluster.cluster,
                                                markers.position(msg.cluster.message_id))
             if action == "second_round":
-                self.topic.write_marker(markers.snapshot_request(msg.snapshot_id, self.local_cluster))
+                self.topic.write_marker(markers.snapshot_request(msg.snapshot_id, self.local_cluster,
+                                                                 msg.snapshot_id in self._follow_up_sids))
             elif action == "complete":
                 del self.pending[msg.snapshot_id]
+                self._follow_up_sids.discard(msg.snapshot_id)
                 ControllerStats.pending -= 1
                 ControllerStats.completed += 1
                 latency = time.time() * 1000 - builder.start_ms

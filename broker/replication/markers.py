@@ -35,10 +35,10 @@ def _mid(pos: Position) -> api.MarkersMessageIdData:
     return api.MarkersMessageIdData(ledger_id=max(0, pos.ledger_id), entry_id=max(0, pos.entry_id))
 
 
-def snapshot_request(snapshot_id: str, source_cluster: str) -> bytes:
-    """SNAPSHOT_REQUEST, replicated to every remote."""
+def snapshot_request(snapshot_id: str, source_cluster: str, follow_up: bool = False) -> bytes:
+    """SNAPSHOT_REQUEST, replicated to every remote. ``follow_up``: see the controller."""
     return _message(SNAPSHOT_REQUEST, api.ReplicatedSubscriptionsSnapshotRequest(
-        snapshot_id=snapshot_id, source_cluster=source_cluster).SerializeToString(), None)
+        snapshot_id=snapshot_id, source_cluster=source_cluster, follow_up=follow_up).SerializeToString(), None)
 
 
 def snapshot_response(snapshot_id: str, reply_to: str, cluster: str, last: Position) -> bytes:
