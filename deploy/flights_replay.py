@@ -611,7 +611,8 @@ class Demo:
         if not ok:
             behind = ", ".join(f"{s}@{c}: {v}" for (s, c), v in sorted(result.items()) if v != 0)
             self._note(f"subscription copies not caught up ({behind}); a standby copy only moves when its "
-                       f"active cluster completes a snapshot after the last data reached the standby (PIP-33)")
+                       f"active cluster completes a snapshot after the last data reached the standby (PIP-33; "
+                       f"here also a follow-up snapshot, once that data is there)")
         return ok, result
 
     async def _check_cluster(self, cluster: str, timeout_s: float = 120.0) -> dict:
@@ -822,13 +823,14 @@ class Demo:
                   f"duplicates {b['duplicates']:,}, losses {b['losses']:,}")
         losses = sum(b["losses"] for b in boards_json.values())
         # After --failover the restarted cluster receives the others' backlog late; a standby copy there
-        # only catches up at its active cluster's next snapshot, which needs new data there (PIP-33).
-        # So agreement is reported but only required without --failover.
+        # only catches up at its active cluster's next (follow-up) snapshot after that backlog arrived,
+        # which may come after the wait above. So agreement is reported but only required without
+        # --failover.
         ok = (replication_ok and boards_ok and (agree_ok or bool(self.victim)) and losses == 0 and agree
               and all(c["ok"] for c in checks.values()) and not any(r.errors for r in regions))
         if self.victim and not agree_ok:
             print("\nnote: after --failover some standby subscription copies lag (see above): they move at the "
-                  "next snapshot of their active cluster, taken when new data arrives there; not counted as a "
+                  "next snapshot of their active cluster after the late data reached them; not counted as a "
                   "failure of the failover run")
         errors = [e for r in regions for e in r.errors[:5]]
         if errors:
