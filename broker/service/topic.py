@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 DUP_POSITION = Position(-1, -1)
 INTERNAL_CURSOR_PREFIXES = ("pulsar.dedup", "pulsar.repl.")
+# Bounds of the scan for pre-restart markers in backlogs on topic load (entries, bytes).
+MARKER_SCAN_MAX_ENTRIES = 50_000
+MARKER_SCAN_MAX_BYTES = 256 * 1024 * 1024
 
 
 def dedup_key(md) -> Optional[tuple[str, int]]:
@@ -79,18 +82,66 @@ class PersistentTopic:
         self.fail_next_sends = 0                         # fault injection (enable_fault_injection)
         self.last_data_publish_ms = 0                    # last non-marker entry stored (snapshot controller)
         self.controller = None                           # ReplicatedSubscriptionsController (PIP-33)
+        self._marker_scan: Optional[asyncio.Task] = None  # finds pre-restart markers in backlogs
 
     @property
     def full_name(self) -> str:
         return str(self.name)
 
     async def initialize(self) -> None:
-        """Recover durable subscriptions and deduplication state."""
+        """Recover durable subscriptions and deduplication state, and start
+        finding the markers in the subscriptions' backlogs (in the background)."""
         for cursor_name, cursor in self.ml.cursors.items():
             if cursor_name.startswith(INTERNAL_CURSOR_PREFIXES):
                 continue
             self.subscriptions[cursor_name] = Subscription(self, cursor_name, cursor)
         await self.set_dedup_enabled(self.dedup.enabled, force=True)
+        if self.subscriptions and self.ml.last_confirmed.entry_id >= 0:
+            self._marker_scan = asyncio.create_task(self._recover_marker_positions(),
+                                                    name=f"marker-scan {self.name}")
+
+    async def _recover_marker_positions(self, max_entries: int = MARKER_SCAN_MAX_ENTRIES,
+                                        max_bytes: int = MARKER_SCAN_MAX_BYTES) -> int:
+        """Find the markers written before this broker loaded the topic (a restart)
+        in the subscriptions' backlogs, so backlog figures keep excluding them.
+
+        Reads at most ``max_entries`` entries (count) and about ``max_bytes``
+        bytes from the slowest
+        subscription's mark-delete position up to the last entry at the start
+        (metadata only is parsed); markers past that limit count in backlogs
+        until a consumer passes them. Returns the number of markers found.
+        Read failures end the scan (logged), never the topic."""
+        start = min(s.cursor.mark_delete_position for s in self.subscriptions.values())
+        end = self.ml.last_confirmed
+        reader = self.ml.new_non_durable_cursor(start, name=f"pulsar.marker-scan-{id(self)}", inclusive=False)
+        found: list[Position] = []
+        scanned = nbytes = 0
+        try:
+            while scanned < max_entries and nbytes < max_bytes and not self.closed:
+                entries = await reader.read_entries(min(1000, max_entries - scanned))
+                if not entries:
+                    break
+                for e in entries:
+                    if e.position > end:
+                        break
+                    try:
+                        if peek_metadata(e.data).HasField("marker_type"):
+                            found.append(e.position)
+                    except CorruptedMessage:
+                        continue
+                scanned += len(entries)
+                nbytes += sum(len(e.data) for e in entries)
+                if entries[-1].position >= end:
+                    break
+        except Exception as exc:   # noqa: BLE001 - backlog figures only
+            log.warning("[%s] scanning the backlog for markers stopped after %d entries: %r", self.name, scanned, exc)
+        if found:
+            self.marker_positions = sorted(set(found) | set(self.marker_positions))
+            log.info("[%s] %d markers found in the backlog (%d entries scanned)", self.name, len(found), scanned)
+        if scanned >= max_entries or nbytes >= max_bytes:
+            log.info("[%s] backlog marker scan stopped at %d entries: markers after %s count in backlogs "
+                     "until consumed", self.name, scanned, reader.read_position)
+        return len(found)
 
     # ---- deduplication ----------------------------------------------------
     async def set_dedup_enabled(self, enabled: bool, force: bool = False) -> None:
@@ -380,6 +431,8 @@ class PersistentTopic:
         if self.closed:
             return
         self.closed = True
+        if self._marker_scan is not None:
+            self._marker_scan.cancel()
         if self.controller is not None:
             await self.controller.close()
         for r in list(self.replicators.values()):
@@ -392,6 +445,8 @@ class PersistentTopic:
 
     async def delete(self) -> None:
         """Delete the topic's data: subscriptions, cursors, ledgers."""
+        if self._marker_scan is not None:
+            self._marker_scan.cancel()
         if self.controller is not None:
             await self.controller.close()
         for s in list(self.subscriptions.values()):

@@ -161,3 +161,29 @@ async def test_failover_after_source_broker_killed(tmp_path, process_tracker):
           f"(one snapshot period = {period_traffic:.0f} messages), {len(lost)} lost")
     assert not lost
     assert len(duplicates) < period_traffic   # fewer than one snapshot period of traffic
+
+
+async def test_markers_written_before_a_broker_restart_stay_out_of_backlogs(tmp_path, process_tracker):
+    a, b = start_clusters(tmp_path, ["a", "b"], process_tracker, CONFIG)
+    await connect_clusters([a, b], "geo", "ns", ["a", "b"])
+    topic = new_topic("geo/ns")
+    consumer = await RawConsumer(a, topic, "sub").start()
+    for i in range(0, 20, 5):   # data interleaved with snapshot markers (several periods apart)
+        await produce_raw(a, topic, "p", [b"m-%d" % k for k in range(i, i + 5)], start_seq=i)
+        await asyncio.sleep(0.6)
+    got = await consumer.receive(20)
+    await consumer.ack_cumulative(got[4][0])
+    consumer.close()
+    stats = await wait_for_backlog(a, topic, "sub", 15)
+    assert stats["subscriptions"]["sub"]["msgBacklog"] == 15, stats
+    internal = await a.admin("topics.internal_stats", topic=topic)
+    assert internal["numberOfEntries"] > 20 + 4   # markers are in there, between the messages
+    a.proc.terminate()
+    await a.close()
+    a.proc = a.proc.restart()
+    # after the restart the topic is loaded again: its backlog still counts messages only
+    stats = await wait_for_backlog(a, topic, "sub", 15)
+    assert stats["subscriptions"]["sub"]["msgBacklog"] == 15, stats
+    in_a = await RawConsumer(a, topic, "sub").start()
+    assert [d for _, _, d in await in_a.receive(15)] == [b"m-%d" % i for i in range(5, 20)]
+    in_a.close()
