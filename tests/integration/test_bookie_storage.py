@@ -186,3 +186,27 @@ async def test_large_groups_commit_on_the_journal_thread_in_queue_order(tmp_path
         assert threads == [("bookie-journal", 2), (main, 1)]
     finally:
         await s.close()
+
+
+@pytest.mark.parametrize("inline", [True, False])
+async def test_an_unexpected_error_after_the_commit_fails_the_group_instead_of_hanging(tmp_path, monkeypatch, inline):
+    s = st.LedgerStorage(str(tmp_path / "bk"), inline_commit_max_bytes=1 << 20 if inline else 0)
+    await s.open()
+    real = st.LedgerStorage._finish_group
+    calls = {"n": 0}
+
+    def buggy(self, group, prepared):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("bug (injected)")
+        return real(self, group, prepared)
+
+    monkeypatch.setattr(st.LedgerStorage, "_finish_group", buggy)
+    try:
+        result = await asyncio.wait_for(s.add_entries([op(10, 0)]), 5)
+        assert result[0][0] == pb.E_BOOKIE_ERROR and "bug (injected)" in result[0][1]
+        # the entry was committed before the error: the writer's retry with the same bytes is EOK
+        assert await asyncio.wait_for(s.add_entries([op(10, 0)]), 5) == {}
+        assert await stored(s, 10, 0, 0) == [(0, b"10:0")]
+    finally:
+        await s.close()
