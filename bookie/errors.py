@@ -18,7 +18,12 @@ class NotEnoughBookiesError(BKException):
 
 
 class BookieUnavailableError(BKException):
-    """One bookie could not be reached or its stream broke (BKBookieHandleNotAvailableException)."""
+    """One bookie could not be reached or its stream broke (BKBookieHandleNotAvailableException).
+
+    Also raised by ledger recovery when it cannot decide where the ledger ends
+    (too few bookies of an entry's write set answered "no such entry" and the
+    others were unreachable or failing): the ledger then stays IN_RECOVERY in
+    metadata and a later ``open_ledger(recovery=True)`` retries. Retriable."""
 
 
 class NoSuchLedgerError(BKException):
@@ -26,7 +31,11 @@ class NoSuchLedgerError(BKException):
 
 
 class NoSuchEntryError(BKException):
-    """No bookie of the entry's write set could return the entry (BKNoSuchEntryException)."""
+    """The entry does not exist: at least Qw - Qa + 1 bookies of its write set
+    answered "no such entry / ledger", so no ack quorum can hold it
+    (BKNoSuchEntryException; PendingReadOp's maxMissedReadsAllowed rule). Also
+    raised for ids outside 0..LAC. A read that failed because bookies were
+    unreachable raises BookieUnavailableError instead."""
 
 
 class LedgerClosedError(BKException):
@@ -38,7 +47,20 @@ class UnauthorizedAccessError(BKException):
 
 
 class EntryTooLargeError(BKException):
-    """Entry larger than the bookie's max_entry_size_bytes."""
+    """Entry larger than the bookie's max_entry_size_bytes. A bookie answering
+    E_ENTRY_TOO_LARGE fails the whole ledger handle (every bookie has the same
+    limit, so an ensemble change would not help, and entries complete in order,
+    so one entry cannot be skipped)."""
+
+
+class MetadataStoreError(BKException):
+    """The ledger metadata could not be read or written (store unavailable), and
+    nothing shows that another client changed it (BookKeeper's
+    MetaStoreException / ZKException). Retriable."""
+
+
+class ClientClosedError(BKException):
+    """The BookKeeper client was closed while adds were pending (BKClientClosedException)."""
 
 
 class BookieProtocolError(BKException):

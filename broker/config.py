@@ -30,6 +30,9 @@ class BrokerConfig(ManagedLedgerSettings):
     dispatcher_max_read_batch_size: int = 100                       # entries per cursor read
     max_unacked_messages_per_consumer: int = 50000
     enable_fault_injection: bool = False                            # tests: admin topics.inject_send_failure
+    # bookie client: an add or read a bookie has not answered in this time counts as that
+    # bookie failing (ensemble change); Pulsar's bookkeeperClientTimeoutInSeconds
+    bookkeeper_client_timeout_in_seconds: float = 30.0
     # geo-replication / replicated subscriptions
     replication_policy_check_duration_seconds: int = 600
     replication_producer_queue_size: int = 1000

@@ -64,7 +64,8 @@ class BrokerServer:
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
         self.metadata = await SqliteMetadataStore.open(os.path.join(c.data_dir, "metadata.db"))
-        self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024)
+        self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024,
+                             add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds)
         self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         self.port = self._server.add_insecure_port(f"{c.bind_address}:{c.broker_service_port}")
         if not self.port:

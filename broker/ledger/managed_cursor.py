@@ -10,7 +10,16 @@ Follows Pulsar's ``ManagedCursorImpl``:
 * Persistence: PositionInfo entries in a *cursor ledger*; the metadata store keeps
   ``ManagedCursorInfo`` (cursorsLedgerId, mark-delete snapshot, lastActive,
   properties) at ``/managed-ledgers/<ml>/<cursor>``. Recovery reads the info,
-  then the last PositionInfo of the cursor ledger.
+  then the last PositionInfo of the cursor ledger; it falls back to the info's
+  snapshot only when the cursor ledger or its entries do not exist
+  (``recoverFromLedger``): any other error fails the recovery (the topic load is
+  retried), so a confirmed acknowledgment is never rolled back. A recovered
+  cursor continues on a new cursor ledger created at its first persist (state
+  NoLedger); the old one is deleted only once the new one is in the metadata.
+* A failed cursor-ledger write abandons that ledger and writes the whole state
+  to the metadata store instead (``cursorsLedgerId = -1``, mark-delete,
+  individualDeletedMessages, batch indexes: ``persistPositionToMetaStore``); the
+  next persist creates a new cursor ledger.
 * When the hole state does not fit one entry, it is written as SEGMENT entries
   followed by an INDEX entry naming them; only ledgers whose holes changed are
   rewritten (PIP-81). Recovery reads backwards to the last complete INDEX/FULL.
@@ -27,7 +36,7 @@ import time
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from bookie.client import LedgerHandle
-from bookie.errors import BKException
+from bookie.errors import BKException, NoSuchEntryError, NoSuchLedgerError
 from proto import metadata_pb2
 
 from .batch_index import BatchDeletedIndexes
@@ -42,6 +51,11 @@ log = logging.getLogger(__name__)
 PositionInfo = metadata_pb2.PositionInfo
 # Room left in a cursor-ledger entry for the non-hole fields of a PositionInfo.
 ENTRY_MARGIN_BYTES = 64 * 1024
+# Most acknowledged ranges written to the metadata store when the cursor ledger
+# cannot be written (Pulsar's managedLedgerMaxUnackedRangesToPersistInMetadataStore
+# is 1000 and silently drops the rest; here a larger state fails the persist, so
+# the acknowledgments are not confirmed instead of being lost).
+MAX_RANGES_IN_METADATA = 100_000
 
 
 class ManagedCursorError(Exception):
@@ -52,6 +66,11 @@ class InvalidMarkDeletePosition(ManagedCursorError):
     """A position beyond the last confirmed entry of the managed ledger."""
 
 
+class InvalidCursorPosition(ManagedCursorError):
+    """Reset to a position that is not an entry of the managed ledger nor the
+    position after its last entry (Pulsar's InvalidCursorPositionException)."""
+
+
 class ManagedCursor:
     """A durable (persisted) or non-durable (in-memory, Reader) cursor."""
 
@@ -60,6 +79,9 @@ class ManagedCursor:
         self.name = name
         self.durable = durable
         self.mark_delete_position: Position = Position(-1, -1)
+        # The mark-delete position the metadata store / cursor ledger holds
+        # (persistentMarkDeletePosition): what ledger trimming goes by.
+        self.persistent_mark_delete_position: Position = Position(-1, -1)
         self.read_position: Position = Position(-1, -1)
         self.individual_deleted = AckRangeSet()
         self.batch_deleted = BatchDeletedIndexes()
@@ -67,7 +89,11 @@ class ManagedCursor:
         self.cursor_properties: dict[str, str] = {}  # StringProperty, persisted in ManagedCursorInfo
         self.last_active = int(time.time() * 1000)
         self._info_version: Optional[int] = None
+        self._info_lock = asyncio.Lock()   # one ManagedCursorInfo write at a time (version CAS)
         self._cursor_ledger: Optional[LedgerHandle] = None
+        # Cursor ledgers to delete once a new one is in the metadata (recovered or abandoned).
+        self._old_cursor_ledgers: list[int] = []
+        self._unpersisted = False           # a persist failed: the in-memory state is not durable
         self._segment_refs: dict[int, int] = {}      # data ledger -> cursor-ledger entry holding its ack set
         self._force_full = True
         self._dirty = False
@@ -126,6 +152,7 @@ class ManagedCursor:
         cursor.properties = dict(properties or {})
         cursor.read_position = ml.next_position(cursor.mark_delete_position)
         await cursor._write_info(create=True)
+        cursor.persistent_mark_delete_position = cursor.mark_delete_position
         log.info("[%s] cursor %s created at %s", ml.name, name, cursor.mark_delete_position)
         return cursor
 
@@ -152,24 +179,31 @@ class ManagedCursor:
         old_ledger_id = info.cursorsLedgerId
         if old_ledger_id >= 0:
             await cursor._recover_from_ledger(old_ledger_id)
+            cursor._old_cursor_ledgers.append(old_ledger_id)
         cursor.individual_deleted.clear_dirty()
         cursor.read_position = ml.next_position(cursor.mark_delete_position)
-        # As Pulsar does, continue on a fresh cursor ledger holding the recovered state.
-        await cursor._switch_cursor_ledger()
-        if old_ledger_id >= 0:
-            await ml.bk.delete_ledger(old_ledger_id)
+        cursor.persistent_mark_delete_position = cursor.mark_delete_position
+        # As Pulsar does (state NoLedger), the first persist creates a fresh cursor
+        # ledger holding the whole state; the old one is deleted after that.
         log.info("[%s] cursor %s recovered: mark-delete %s, %d acked holes, %d batch entries", ml.name, name,
                  cursor.mark_delete_position, cursor.individual_deleted.size(), len(cursor.batch_deleted))
         return cursor
 
     async def _recover_from_ledger(self, ledger_id: int) -> None:
-        bk = self.ml.bk
+        """Load the last complete state of cursor ledger ``ledger_id``. Falls back to the
+        metadata snapshot (already loaded) only when the ledger or its entries do not
+        exist (NoSuchLedgerError / NoSuchEntryError, BookKeeper's "not recoverable"
+        errors); any other BKException (a bookie unavailable) propagates, so the
+        topic load fails and is retried instead of rolling acknowledgments back."""
         try:
-            handle = await bk.open_ledger(ledger_id, recovery=True)
-        except BKException as exc:
-            log.warning("[%s] cursor %s: cursor ledger %d unreadable (%s); using the metadata snapshot",
-                        self.ml.name, self.name, ledger_id, exc)
-            return
+            await self._load_from_ledger(ledger_id)
+        except (NoSuchLedgerError, NoSuchEntryError) as exc:
+            log.warning("[%s] cursor %s: cursor ledger %d does not exist any more (%s); using the "
+                        "metadata snapshot", self.ml.name, self.name, ledger_id, exc)
+
+    async def _load_from_ledger(self, ledger_id: int) -> None:
+        bk = self.ml.bk
+        handle = await bk.open_ledger(ledger_id, recovery=True)
         entry_id = handle.last_add_confirmed
         cache: dict[int, PositionInfo] = {}
 
@@ -352,8 +386,6 @@ class ManagedCursor:
         self.individual_deleted.remove_up_to(position.ledger_id, position.entry_id)
         self.batch_deleted.remove_up_to(position)
         self._advance_mark_delete()
-        if self.durable:
-            self.ml.schedule_trim()
         return self._schedule_persist()
 
     async def mark_delete(self, position: Position, properties: Optional[dict[str, int]] = None) -> None:
@@ -374,14 +406,26 @@ class ManagedCursor:
             self.batch_deleted.remove_up_to(md)
         if self.read_position <= self.mark_delete_position:
             self.read_position = self.ml.next_position(self.mark_delete_position)
-        if moved and self.durable:
-            self.ml.schedule_trim()
 
     def reset(self, position: Position) -> asyncio.Future:
         """Reset the cursor so ``position`` is the next entry delivered, forgetting
-        acknowledgments (Pulsar's resetCursor, used by seek and reset-cursor)."""
+        acknowledgments (Pulsar's resetCursor, used by seek and reset-cursor).
+        A position before the first entry (trimmed, or earliest) means the first
+        entry; one after the position following the last entry, or inside the
+        ledgers but not an entry, raises InvalidCursorPosition (nothing changes).
+        Returns a future done once the new state is durable."""
         position = Position(*position)
+        first = self.ml.first_position()
+        after_last = self.ml.next_position(self.ml.last_confirmed)
+        if position < first:
+            position = first
+        elif not (self.ml.is_entry(position) or position == after_last
+                  or position == Position(self.ml.last_confirmed.ledger_id, self.ml.last_confirmed.entry_id + 1)):
+            raise InvalidCursorPosition(
+                f"cannot reset cursor {self.name} of {self.ml.name} to {position}: not an entry of the topic "
+                f"(first {first}, last {self.ml.last_confirmed}); use an id the topic returned, or earliest/latest")
         self.mark_delete_position = Position(position.ledger_id, position.entry_id - 1)
+        self.persistent_mark_delete_position = min(self.persistent_mark_delete_position, self.mark_delete_position)
         self.individual_deleted.clear()
         self.batch_deleted.clear()
         self._force_full = True
@@ -396,6 +440,11 @@ class ManagedCursor:
 
     # ---- persistence ----------------------------------------------------
     def _done(self) -> asyncio.Future:
+        """A future for an operation that changed nothing in memory: done at once when
+        the state is durable, else at the next persist (an acknowledgment retried
+        after a failed or still running persist is confirmed only once durable)."""
+        if self.durable and (self._unpersisted or self._dirty or self._persist_task is not None):
+            return self._schedule_persist()
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         return fut
@@ -413,7 +462,7 @@ class ManagedCursor:
 
     async def flush(self) -> None:
         """Wait until every change so far is durable (not held back by mark_delete_rate_limit)."""
-        if self.durable and (self._dirty or self._persist_task is not None):
+        if self.durable and (self._dirty or self._unpersisted or self._persist_task is not None):
             self._flush_now = True
             self._end_rate_wait()
             await self._schedule_persist()
@@ -440,15 +489,31 @@ class ManagedCursor:
                 self._last_persist_at = time.monotonic()
                 self._dirty = False
                 waiters, self._persist_waiters = self._persist_waiters, []
+                mark_delete = self.mark_delete_position
                 try:
                     await self._persist_once()
                 except Exception as exc:
-                    log.error("[%s] cursor %s: persisting failed: %s", self.ml.name, self.name, exc)
-                    self._force_full = True
-                    for w in waiters:
-                        if not w.done():
-                            w.set_exception(ManagedCursorError(f"cursor {self.name} persist failed: {exc}"))
-                    continue
+                    log.error("[%s] cursor %s: writing the cursor ledger failed: %s; persisting the position "
+                              "to the metadata store", self.ml.name, self.name, exc)
+                    self._abandon_cursor_ledger()
+                    try:
+                        await self._persist_to_metadata()
+                    except Exception as exc2:
+                        log.error("[%s] cursor %s: persisting failed: %s", self.ml.name, self.name, exc2)
+                        self._unpersisted = True
+                        for w in waiters:
+                            if not w.done():
+                                w.set_exception(ManagedCursorError(
+                                    f"cursor {self.name} persist failed: {exc}; then {exc2}"))
+                        continue
+                self._unpersisted = False
+                # What was written is at least the position at the start of this persist
+                # (or, after a reset backwards meanwhile, at least the current one).
+                persisted = min(mark_delete, self.mark_delete_position)
+                moved = persisted > self.persistent_mark_delete_position
+                self.persistent_mark_delete_position = persisted
+                if moved:
+                    self.ml.schedule_trim()   # trimming goes by the persisted position
                 for w in waiters:
                     if not w.done():
                         w.set_result(None)
@@ -529,42 +594,95 @@ class ManagedCursor:
             self._force_full = True
             raise
 
+    def _abandon_cursor_ledger(self) -> None:
+        """Stop writing to the current cursor ledger (state NoLedger): the next
+        persist creates a new one; this one is deleted once that is in the metadata."""
+        self._force_full = True
+        self._segment_refs = {}
+        old, self._cursor_ledger = self._cursor_ledger, None
+        if old is not None:
+            self._old_cursor_ledgers.append(old.ledger_id)
+
     async def _switch_cursor_ledger(self) -> None:
         """Create a new cursor ledger, write the whole state there, point the
-        ManagedCursorInfo at it and drop the previous cursor ledger."""
+        ManagedCursorInfo at it, and only then delete the previous cursor ledgers
+        (Pulsar's createNewMetadataLedger / switchToNewLedger). Raises BKException
+        or a metadata error; on failure the previous ledger stays referenced."""
         c = self.ml.config
         handle = await self.ml.bk.create_ledger(c.managed_ledger_default_ensemble_size,
                                                 c.managed_ledger_default_write_quorum,
                                                 c.managed_ledger_default_ack_quorum)
-        self._segment_refs = {}
-        await self._write_state(handle, full_rewrite=True)
+        try:
+            self._segment_refs = {}
+            await self._write_state(handle, full_rewrite=True)
+            await self._write_info(cursor_ledger_id=handle.ledger_id)
+        except BaseException:
+            self._force_full = True
+            asyncio.ensure_future(self._delete_ledgers_quietly([handle.ledger_id]))
+            raise
         old = self._cursor_ledger
         self._cursor_ledger = handle
-        await self._write_info()
+        stale, self._old_cursor_ledgers = self._old_cursor_ledgers, []
         if old is not None:
             try:
                 await old.close()
             except BKException:
                 pass
-            await self.ml.bk.delete_ledger(old.ledger_id)
+            stale.append(old.ledger_id)
+        await self._delete_ledgers_quietly(stale)
 
-    async def _write_info(self, create: bool = False) -> None:
-        info = metadata_pb2.ManagedCursorInfo(
-            cursorsLedgerId=self._cursor_ledger.ledger_id if self._cursor_ledger is not None else -1,
-            markDeleteLedgerId=self.mark_delete_position.ledger_id,
-            markDeleteEntryId=self.mark_delete_position.entry_id,
-            lastActive=self.last_active)
-        for k, v in sorted(self.properties.items()):
-            info.properties.add(name=k, value=v)
-        for k, v in sorted(self.cursor_properties.items()):
-            info.cursorProperties.add(name=k, value=v)
-        self._info_version = await self.ml.metadata.put(
-            self.path, info.SerializeToString(),
-            expected_version=-1 if create else self._info_version)
+    async def _delete_ledgers_quietly(self, ledger_ids: list[int]) -> None:
+        for lid in ledger_ids:
+            try:
+                await self.ml.bk.delete_ledger(lid)
+            except Exception as exc:  # noqa: BLE001 - no longer referenced: leaks at worst
+                log.warning("[%s] cursor %s: deleting old cursor ledger %d: %s", self.ml.name, self.name, lid, exc)
+
+    async def _persist_to_metadata(self) -> None:
+        """Write the whole state into ManagedCursorInfo with cursorsLedgerId = -1
+        (persistPositionToMetaStore). Raises ManagedCursorError when the holes are
+        more than MAX_RANGES_IN_METADATA ranges, or the metadata store's error."""
+        if self.individual_deleted.range_count() > MAX_RANGES_IN_METADATA:
+            raise ManagedCursorError(
+                f"cursor {self.name}: {self.individual_deleted.range_count()} acknowledged ranges do not fit "
+                f"the metadata store (max {MAX_RANGES_IN_METADATA}) while the cursor ledger cannot be written")
+        await self._write_info(cursor_ledger_id=-1, with_state=True)
+
+    async def _write_info(self, create: bool = False, cursor_ledger_id: Optional[int] = None,
+                          with_state: bool = False) -> None:
+        """Write ManagedCursorInfo (compare-and-set on its version; one writer at a
+        time). ``cursor_ledger_id`` defaults to the current cursor ledger (-1 none);
+        ``with_state`` adds the holes and batch indexes (no cursor ledger)."""
+        async with self._info_lock:
+            if cursor_ledger_id is None:
+                cursor_ledger_id = self._cursor_ledger.ledger_id if self._cursor_ledger is not None else -1
+            info = metadata_pb2.ManagedCursorInfo(
+                cursorsLedgerId=cursor_ledger_id,
+                markDeleteLedgerId=self.mark_delete_position.ledger_id,
+                markDeleteEntryId=self.mark_delete_position.entry_id,
+                lastActive=self.last_active)
+            for k, v in sorted(self.properties.items()):
+                info.properties.add(name=k, value=v)
+            for k, v in sorted(self.cursor_properties.items()):
+                info.cursorProperties.add(name=k, value=v)
+            if with_state:
+                for (lid, first), (_, last) in self.individual_deleted.ranges():
+                    r = info.individualDeletedMessages.add()
+                    r.lowerEndpoint.ledgerId, r.lowerEndpoint.entryId = lid, first - 1
+                    r.upperEndpoint.ledgerId, r.upperEndpoint.entryId = lid, last
+                info.batchedEntryDeletionIndexInfo.extend(self.batch_deleted.to_protos())
+            self._info_version = await self.ml.metadata.put(
+                self.path, info.SerializeToString(),
+                expected_version=-1 if create else self._info_version)
 
     async def set_cursor_properties(self, props: dict[str, str]) -> None:
-        """Replace the cursor's string properties (e.g. Pulsar's replicated flag) durably."""
+        """Replace the cursor's string properties (e.g. Pulsar's replicated flag) durably.
+        Goes through a persist when no cursor ledger holds the state, so the
+        metadata record keeps the holes it carries then."""
         self.cursor_properties = dict(props)
+        if self._cursor_ledger is None and self.durable:
+            await self._schedule_persist()
+            return
         await self._write_info()
 
     async def close(self) -> None:
@@ -577,7 +695,7 @@ class ManagedCursor:
             except ManagedCursorError as exc:
                 log.warning("[%s] cursor %s: final persist failed: %s", self.ml.name, self.name, exc)
             self.last_active = int(time.time() * 1000)
-            if self._cursor_ledger is not None:
+            if self._cursor_ledger is not None and not self._unpersisted:
                 try:
                     await self._cursor_ledger.close()
                 except BKException as exc:
@@ -594,7 +712,8 @@ class ManagedCursor:
         if self._persist_task is not None:
             await asyncio.gather(self._persist_task, return_exceptions=True)
         if self._cursor_ledger is not None:
-            await self.ml.bk.delete_ledger(self._cursor_ledger.ledger_id)
+            self._old_cursor_ledgers.append(self._cursor_ledger.ledger_id)
+        await self._delete_ledgers_quietly(self._old_cursor_ledgers)
         if self.durable:
             try:
                 await self.ml.metadata.delete(self.path)

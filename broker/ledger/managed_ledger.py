@@ -11,10 +11,18 @@ Follows Pulsar's ``ManagedLedgerImpl``:
   managed_ledger_min_ledger_rollover_time_minutes passed; or older than
   managed_ledger_max_ledger_rollover_time_minutes) the ledger is closed and a new
   one created (rollover). Adds issued meanwhile queue and keep their order.
+* A write error is invisible to producers (``ManagedLedgerImpl.ledgerClosed``,
+  ``OpAddEntry.handleAddFailure``): the failed ledger is closed at the writer's
+  LastAddConfirmed, and every add not confirmed on it is resubmitted, in order,
+  to a new ledger. Only a fenced ledger (another owner), a closed managed
+  ledger or an entry too large fail an add.
 * On open after a restart the last ledger is recovered (fenced and closed at its
-  last readable entry) and a new ledger is created for writes.
+  last entry; recovery never closes short, see ``bookie.client``) and a new
+  ledger is created for writes.
 * Recently added entries stay in an entry cache (bounded in bytes) for tailing
-  reads; ledgers every durable cursor has consumed are trimmed.
+  reads; closed ledgers with a known entry count that every durable cursor's
+  *persisted* mark-delete position has passed are trimmed
+  (``internalTrimConsumedLedgers``).
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ import time
 from typing import Optional
 
 from bookie.client import BookKeeper, LedgerHandle
-from bookie.errors import BKException, LedgerFencedError
+from bookie.errors import BKException, EntryTooLargeError, LedgerFencedError
 from proto import metadata_pb2
 
 from .entry_cache import EntryCache, EntryCacheManager
@@ -113,7 +121,11 @@ class ManagedLedger:
         self.cursors: dict[str, "ManagedCursor"] = {}  # noqa: F821 (durable and non-durable)
         self.cache: EntryCache = factory.cache_manager.new_cache(name)
         self._queued: list[tuple[bytes, asyncio.Future]] = []
+        # Adds not confirmed on a ledger that failed: resubmitted first, in order, to the next ledger.
+        self._failed_adds: list[tuple[bytes, asyncio.Future]] = []
+        self._failed_ledger: Optional[LedgerHandle] = None   # closed at its LAC by the next rollover
         self._rollover_task: Optional[asyncio.Task] = None
+        self._closing = asyncio.Event()                       # set by close(): stops creation retries
         self._read_handles: dict[int, LedgerHandle] = {}
         self._add_waiters: list[asyncio.Future] = []  # resolved at the next confirmed add (or close)
         self._closed = False
@@ -206,11 +218,14 @@ class ManagedLedger:
     def add_entry_nowait(self, data: bytes) -> asyncio.Future:
         """Start appending ``data`` (bytes); returns a future of its Position.
 
-        Adds complete in call order. Errors (set on the future or raised):
-        ManagedLedgerClosedError, ManagedLedgerFencedError, ManagedLedgerError
-        wrapping a bookie failure (the next add uses a new ledger).
+        Adds complete in call order. A bookie failure does not fail the add: the
+        ledger is closed at its LastAddConfirmed and the add resubmitted to a new
+        ledger (waiting while none can be created). Errors (set on the future or
+        raised): ManagedLedgerClosedError (closed, also while waiting),
+        ManagedLedgerFencedError (another owner), ManagedLedgerError (entry larger
+        than ``max_entry_size_bytes``).
         """
-        if self._closed:
+        if self._closed or self._closing.is_set():
             raise ManagedLedgerClosedError(f"managed ledger {self.name} is closed")
         if self._fenced is not None:
             raise self._fenced
@@ -242,15 +257,23 @@ class ManagedLedger:
             # no extra event-loop round trip per entry.
             handle._add_entry_cb(data, self._add_complete, (handle, data, fut))
         except BKException as exc:
-            self._on_ledger_error(handle, exc)
-            fut.set_exception(ManagedLedgerError(f"[{self.name}] add failed: {exc}"))
+            self._add_complete((handle, data, fut), None, exc)
 
     def _add_complete(self, ctx: tuple, entry_id: Optional[int], exc: Optional[BaseException]) -> None:
         handle, data, fut = ctx
         if exc is not None:
+            if isinstance(exc, EntryTooLargeError) or self._fenced is not None or \
+                    isinstance(exc, LedgerFencedError) or self._closing.is_set():
+                self._on_ledger_error(handle, exc)
+                if not fut.done():
+                    fut.set_exception(self._fenced or (
+                        ManagedLedgerClosedError(f"managed ledger {self.name} closed while adding ({exc})")
+                        if self._closing.is_set() else ManagedLedgerError(f"[{self.name}] add failed: {exc}")))
+                return
+            # OpAddEntry.handleAddFailure: not confirmed on this ledger, so resubmitted
+            # to the next one; the producer never sees the bookie failure.
+            self._failed_adds.append((data, fut))
             self._on_ledger_error(handle, exc)
-            if not fut.done():
-                fut.set_exception(ManagedLedgerError(f"[{self.name}] add failed: {exc}"))
             return
         pos = Position(handle.ledger_id, entry_id)
         self.last_confirmed = pos
@@ -265,37 +288,68 @@ class ManagedLedger:
     def _on_ledger_error(self, handle: LedgerHandle, exc: BaseException) -> None:
         if isinstance(exc, LedgerFencedError):
             self._fence(ManagedLedgerFencedError(f"managed ledger {self.name}: ledger {handle.ledger_id} fenced: {exc}"))
+            failed, self._failed_adds = self._failed_adds, []
+            for _, fut in failed:
+                if not fut.done():
+                    fut.set_exception(self._fenced)
+            return
+        if isinstance(exc, EntryTooLargeError):
             return
         if handle is self.current:
-            # Abandon this ledger: the next add rolls over to a new one.
-            log.warning("[%s] ledger %d failed (%s); rolling over", self.name, handle.ledger_id, exc)
+            # ManagedLedgerImpl.ledgerClosed: close this ledger at the writer's LAC and
+            # continue on a new one (the rollover resubmits the failed adds first).
+            log.warning("[%s] ledger %d failed at LAC %d (%s); closing it and continuing on a new ledger",
+                        self.name, handle.ledger_id, handle.last_add_confirmed, exc)
+            self._failed_ledger = handle
             self.current = None
+        self._start_rollover()
 
     def _start_rollover(self) -> None:
-        if self._rollover_task is None:
+        if self._rollover_task is None and not self._closing.is_set():
             self._rollover_task = asyncio.create_task(self._rollover())
+
+    async def _close_ledger(self, old: LedgerHandle) -> None:
+        """Close ``old`` at the writer's LastAddConfirmed (waits for its pending adds)
+        and record its entry count; an empty ledger leaves the list. Raises
+        ManagedLedgerFencedError when the ledger was fenced or its metadata changed
+        (another owner recovered it)."""
+        try:
+            await old.close()
+        except LedgerFencedError as exc:
+            self._fence(ManagedLedgerFencedError(f"managed ledger {self.name}: ledger {old.ledger_id}: {exc}"))
+            raise self._fenced from None
+        if isinstance(old._error, LedgerFencedError):
+            self._fence(ManagedLedgerFencedError(
+                f"managed ledger {self.name}: ledger {old.ledger_id} fenced: {old._error}"))
+            raise self._fenced
+        li = self.ledgers.get(old.ledger_id)
+        if li is None:
+            return
+        if old.last_add_confirmed < 0:
+            del self.ledgers[old.ledger_id]
+            asyncio.ensure_future(self._delete_ledger_quietly(old.ledger_id))
+            return
+        li.entries = old.last_add_confirmed + 1
+        li.size = old.length
+        self._read_handles[old.ledger_id] = old
+
+    async def _delete_ledger_quietly(self, ledger_id: int) -> None:
+        try:
+            await self.bk.delete_ledger(ledger_id)
+        except Exception as exc:  # noqa: BLE001 - an empty ledger; leaks at worst
+            log.warning("[%s] deleting empty ledger %d: %s", self.name, ledger_id, exc)
 
     async def _rollover(self) -> None:
         try:
-            old = self.current
+            old = self.current if self.current is not None else self._failed_ledger
             if old is not None:
-                try:
-                    await old.close()
-                except BKException as exc:
-                    log.warning("[%s] closing ledger %d failed: %s", self.name, old.ledger_id, exc)
-                li = self.ledgers.get(old.ledger_id)
-                if li is not None:
-                    li.entries = old.last_add_confirmed + 1
-                    li.size = old.length
-                self._read_handles[old.ledger_id] = old
-            elif self._current_abandoned_id() is not None:
-                lid = self._current_abandoned_id()
-                handle = await self.bk.open_ledger(lid, recovery=True)
-                self.ledgers[lid].entries = handle.last_add_confirmed + 1
-                self._read_handles[lid] = handle
+                await self._close_ledger(old)
+            self._failed_ledger = None
             self.current = None
             delay = 0.05
             while True:
+                if self._closing.is_set():
+                    raise ManagedLedgerClosedError(f"managed ledger {self.name} is closed")
                 try:
                     await self._create_ledger()
                     break
@@ -303,34 +357,31 @@ class ManagedLedger:
                     raise
                 except BKException as exc:
                     log.warning("[%s] cannot create a ledger yet: %s; retrying in %.2fs", self.name, exc, delay)
-                    if self._closed:
-                        raise ManagedLedgerClosedError(self.name) from None
-                    await asyncio.sleep(delay)
+                    try:
+                        await asyncio.wait_for(self._closing.wait(), delay)
+                    except asyncio.TimeoutError:
+                        pass
                     delay = min(delay * 2, 2.0)
         except Exception as exc:
-            queued, self._queued = self._queued, []
-            for _, fut in queued:
+            failed = self._failed_adds + self._queued
+            self._failed_adds, self._queued = [], []
+            error = exc if isinstance(exc, ManagedLedgerError) else ManagedLedgerError(str(exc))
+            for _, fut in failed:
                 if not fut.done():
-                    fut.set_exception(exc if isinstance(exc, ManagedLedgerError) else ManagedLedgerError(str(exc)))
+                    fut.set_exception(error)
             self._rollover_task = None
             return
         self._rollover_task = None
-        queued, self._queued = self._queued, []
+        queued = self._failed_adds + self._queued
+        self._failed_adds, self._queued = [], []
         for i, (data, fut) in enumerate(queued):
-            if self._current_is_full():
-                self._queued = queued[i:]
+            if self.current is None or self._current_is_full():
+                # The new ledger failed or filled up already: the rest waits for the next one.
+                self._queued = queued[i:] + self._queued
                 self._start_rollover()
                 break
             self._write(data, fut)
         self.schedule_trim()
-
-    def _current_abandoned_id(self) -> Optional[int]:
-        # The newest ledger in the list that has no read handle and no entries recorded.
-        for lid in sorted(self.ledgers, reverse=True):
-            if lid not in self._read_handles and self.ledgers[lid].entries == 0:
-                return lid
-            break
-        return None
 
     # ---- reads ----------------------------------------------------------
     def ledger_entries(self, ledger_id: int) -> int:
@@ -365,6 +416,10 @@ class ManagedLedger:
             if self.ledger_entries(lid) > 0:
                 return Position(lid, 0)
         return Position(self.current.ledger_id if self.current else self.last_confirmed.ledger_id, 0)
+
+    def is_entry(self, pos: Position) -> bool:
+        """True when ``pos`` is a confirmed entry of a ledger of this managed ledger."""
+        return pos.ledger_id in self.ledgers and 0 <= pos.entry_id < self.ledger_entries(pos.ledger_id)
 
     def has_entries_at(self, pos: Position) -> bool:
         """True when ``pos`` (or something after it) is confirmed."""
@@ -524,27 +579,42 @@ class ManagedLedger:
             self._trim_task = asyncio.create_task(self._trim_consumed_ledgers())
 
     def slowest_mark_delete(self) -> Optional[Position]:
+        """The lowest in-memory mark-delete position of the durable cursors (None without any)."""
         durable = [c.mark_delete_position for c in self.cursors.values() if c.durable]
         return min(durable) if durable else None
 
+    def slowest_persisted_mark_delete(self) -> Optional[Position]:
+        """The lowest mark-delete position that the durable cursors have made durable
+        (ManagedCursorImpl.persistentMarkDeletePosition); None without durable cursors."""
+        durable = [c.persistent_mark_delete_position for c in self.cursors.values() if c.durable]
+        return min(durable) if durable else None
+
     async def _trim_consumed_ledgers(self) -> None:
-        """Pulsar's internalTrimConsumedLedgers: delete ledgers before the slowest
-        durable cursor's mark-delete position, honouring retention."""
+        """Pulsar's internalTrimConsumedLedgers: delete the closed ledgers, oldest
+        first, that every durable cursor's *persisted* mark-delete position has
+        passed, honouring retention. A ledger whose entry count is not final (the
+        current one, one being closed after a write error, or an entry count of 0
+        in the list) stops the trimming: its consumption cannot be decided."""
         await asyncio.sleep(0)
         c = self.config
         if c.default_retention_time_in_minutes < 0 and c.default_retention_size_in_mb < 0:
             return
-        slowest = self.slowest_mark_delete()
+        if self.current is None or self._closed:
+            return  # a rollover or close is in progress; the rollover trims when done
+        slowest = self.slowest_persisted_mark_delete()
         if slowest is None:
             slowest = self.last_confirmed if c.default_retention_time_in_minutes == 0 else None
         if slowest is None:
             return
         now_ms = time.time() * 1000
+        current_id = self.current.ledger_id
         deletable = []
         for lid in sorted(self.ledgers):
-            if self.current is not None and lid == self.current.ledger_id:
+            if lid >= current_id:
                 break
             li = self.ledgers[lid]
+            if li.entries <= 0:
+                break
             consumed = lid < slowest.ledger_id or (lid == slowest.ledger_id and slowest.entry_id >= li.entries - 1)
             if not consumed:
                 break
@@ -568,6 +638,7 @@ class ManagedLedger:
         """Close the current ledger and every cursor; the object is unusable afterwards."""
         if self._closed:
             return
+        self._closing.set()   # a rollover waiting for bookies gives up; its queued adds fail (not stored)
         if self._rollover_task is not None:
             await asyncio.gather(self._rollover_task, return_exceptions=True)
         for cursor in list(self.cursors.values()):

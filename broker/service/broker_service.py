@@ -131,6 +131,16 @@ class BrokerService:
             raise NotFound(f"topic {tn} is not loaded on this broker")
         await loaded.close()
 
+    async def close_fenced_topic(self, topic: PersistentTopic) -> None:
+        """Unload a topic whose managed ledger was fenced by another owner; the next
+        lookup loads it again (and recovers its ledgers)."""
+        if self.topics.get(str(topic.name)) is topic:
+            del self.topics[str(topic.name)]
+        try:
+            await topic.close()
+        except Exception as exc:  # noqa: BLE001 - the ledger is unusable anyway
+            log.warning("closing fenced topic %s: %s", topic.name, exc)
+
     async def delete_topic(self, topic: str, force: bool = False) -> None:
         tn = TopicName.get(topic)
         partitions = await self.resources.get_partitions(tn.persistence_naming)

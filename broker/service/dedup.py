@@ -72,13 +72,14 @@ class MessageDeduplication:
         self.entries_since_snapshot += 1
         return self.entries_since_snapshot >= self.snapshot_interval
 
-    def record_failed(self, producer_name: str) -> None:
-        """An add failed: forget in-flight pushes so the client's retry is accepted."""
-        persisted = self.highest_sequenced_persisted.get(producer_name)
-        if persisted is None:
-            self.highest_sequenced_pushed.pop(producer_name, None)
-        else:
-            self.highest_sequenced_pushed[producer_name] = persisted
+    def reset_highest_sequence_id_pushed(self) -> None:
+        """Forget in-flight pushes: ``pushed = persisted`` for every producer, so the
+        clients' resends of failed adds are accepted (Pulsar's
+        ``resetHighestSequenceIdPushed``). Call it only once no add is pending on
+        the topic (the topic is fenced until then, ``PersistentTopic.addFailed``):
+        rewinding while later adds are in flight would let a resend in twice, or
+        drop one as a duplicate of a later sequence id."""
+        self.highest_sequenced_pushed = dict(self.highest_sequenced_persisted)
 
     def last_sequence_id(self, producer_name: str) -> int:
         """Last persisted sequence id of a producer name, -1 if none (sent to producers)."""

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Awaitable, Optional
 
-from broker.ledger.managed_cursor import InvalidMarkDeletePosition, ManagedCursor
+from broker.ledger.managed_cursor import InvalidCursorPosition, InvalidMarkDeletePosition, ManagedCursor
 from broker.ledger.position import Entry, Position
 from client.errors import ConsumerBusy, NotAllowed
 from proto import broker_pb2 as pb
@@ -220,7 +220,11 @@ class Subscription:
             dispatcher.reset()
         try:
             self.redelivery_counts.clear()
-            await self.cursor.reset(position)
+            try:
+                done = self.cursor.reset(position)
+            except InvalidCursorPosition as exc:
+                raise InvalidArgument(str(exc)) from None
+            await done
             if before_resume is not None:
                 before_resume()
         finally:

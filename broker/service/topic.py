@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Optional
 
-from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError
+from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError
 from broker.ledger.position import Position
 from client.entry_format import peek_metadata, verify_checksum
 from client.errors import CorruptedMessage, MessageTooBig, ProducerBusy
@@ -83,6 +83,10 @@ class PersistentTopic:
         self.last_data_publish_ms = 0                    # last non-marker entry stored (snapshot controller)
         self.controller = None                           # ReplicatedSubscriptionsController (PIP-33)
         self._marker_scan: Optional[asyncio.Task] = None  # finds pre-restart markers in backlogs
+        # PersistentTopic.addFailed: after a failed add the topic refuses sends until
+        # every pending add completed, then rewinds deduplication and resumes.
+        self.pending_write_ops = 0
+        self.write_fenced = False
 
     @property
     def full_name(self) -> str:
@@ -215,6 +219,9 @@ class PersistentTopic:
         if len(data) > self.config.max_message_size:
             raise MessageTooBig(f"message of {len(data)} bytes exceeds max_message_size="
                                 f"{self.config.max_message_size} on {self.name}; enable chunking or send smaller")
+        if self.write_fenced:
+            raise ServiceNotReady(f"{self.name}: a write failed; waiting for {self.pending_write_ops} pending "
+                                  f"writes before accepting sends again; retry")
         verify_checksum(data)
         md = peek_metadata(data)
         highest = max(send.sequence_id, send.highest_sequence_id)
@@ -232,15 +239,17 @@ class PersistentTopic:
         try:
             ml_future = self.ml.add_entry_nowait(data)
         except ManagedLedgerError as exc:
-            self.dedup.record_failed(producer.name)
+            self._add_failed(exc)
             raise ServiceNotReady(f"{self.name}: cannot store the message now ({exc}); retry") from None
+        self.pending_write_ops += 1
         result = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future) -> None:
+            self.pending_write_ops -= 1
             exc = f.exception()
             if exc is not None:
                 producer.failed = producer.is_replicator
-                self.dedup.record_failed(producer.name)
+                self._add_failed(exc)
                 result.set_exception(ServiceNotReady(f"{self.name}: storing failed ({exc}); retry"))
                 return
             pos = f.result()
@@ -254,10 +263,32 @@ class PersistentTopic:
                 self.last_data_publish_ms = int(time.time() * 1000)
             if check_dedup and self.dedup.record_persisted(producer.name, highest):
                 self._dedup_snapshot(pos)
+            if self.write_fenced:
+                self._maybe_unfence()   # after recording it persisted: the rewind keeps it
             result.set_result(pos)
 
         ml_future.add_done_callback(done)
         return result
+
+    def _add_failed(self, exc: BaseException) -> None:
+        """PersistentTopic.addFailed: a fenced managed ledger (another owner) closes
+        the topic; any other failure fences the topic until the pending adds drain."""
+        if isinstance(exc, ManagedLedgerFencedError):
+            if not self.closed:
+                log.error("[%s] managed ledger fenced (%s): closing the topic", self.name, exc)
+                asyncio.ensure_future(self.service.close_fenced_topic(self))
+            return
+        if not self.write_fenced:
+            log.warning("[%s] a write failed (%s): refusing sends until %d pending writes complete",
+                        self.name, exc, self.pending_write_ops)
+            self.write_fenced = True
+        self._maybe_unfence()
+
+    def _maybe_unfence(self) -> None:
+        if self.write_fenced and self.pending_write_ops == 0:
+            self.dedup.reset_highest_sequence_id_pushed()
+            self.write_fenced = False
+            log.info("[%s] pending writes drained: deduplication rewound, accepting sends again", self.name)
 
     def on_replicated_marker(self, replicator, entry, metadata) -> bool:
         """Whether a local marker entry goes to ``replicator``'s remote; markers
