@@ -241,3 +241,64 @@ class StandaloneProcess(ServerProcess):
 def start_standalone(data_dir, extra_args=(), tracker: ProcessTracker | None = None) -> StandaloneProcess:
     """Start a standalone cluster (2 bookies + broker) on free ports; ~2-4 s."""
     return StandaloneProcess(data_dir, extra_args, tracker).start()
+
+
+class BrokerProcess(ServerProcess):
+    """A ``python -m broker --bookies A,B --data-dir DIR --port P --http-port 0 [--config FILE]`` process.
+
+    ``port`` 0 = any free port; :meth:`restart` (``same_port=True``) starts the
+    new process on the same gRPC port so clients reconnect to it. After
+    :meth:`start`: ``.port``, ``.http_port``, ``.service_url``
+    (``minipulsar://127.0.0.1:<port>``). The data dir holds the broker's
+    metadata store and the ``broker.*.log`` files.
+    """
+
+    name = "broker"
+    ready_prefix = "BROKER_READY"
+
+    def __init__(self, data_dir, bookies, config_file=None, extra_args=(), tracker=None,
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, port: int = 0) -> None:
+        super().__init__(data_dir, extra_args, tracker, ready_timeout_s)
+        self.bookies = [bookies] if isinstance(bookies, str) else list(bookies)
+        self.config_file = None if config_file is None else Path(config_file)
+        self.requested_port = port
+        self.http_port: int | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "broker", "--bookies", ",".join(self.bookies),
+               "--data-dir", str(self.data_dir), "--port", str(self.requested_port), "--http-port", "0"]
+        if self.config_file is not None:
+            cmd += ["--config", str(self.config_file)]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> "BrokerProcess":
+        super().start()
+        # the ready line also names the HTTP port: take it from this process's line
+        try:
+            text = self.stdout_log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = None
+        for m in re.finditer(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} http_port=(-?\d+)",
+                             text, re.M):
+            pass
+        self.http_port = int(m.group(1)) if m else None
+        return self
+
+    @property
+    def service_url(self) -> str:
+        return f"minipulsar://127.0.0.1:{self.port}"
+
+    def restart(self, same_port: bool = True) -> "BrokerProcess":
+        if self.is_running():
+            raise RuntimeError(f"{self!r} is still running: terminate() or kill() it first")
+        proc = BrokerProcess(self.data_dir, self.bookies, self.config_file, self.extra_args, self.tracker,
+                             self.ready_timeout_s, port=self.port if same_port else 0)
+        return proc.start()
+
+
+def start_broker(data_dir, bookies, config_file=None, extra_args=(), tracker: ProcessTracker | None = None,
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, port: int = 0) -> BrokerProcess:
+    """Start a broker process on ``bookies`` (addresses ``host:port``) and wait until it
+    is ready (blocking, ~1-2 s). ``config_file``: a TOML file of BrokerConfig keys."""
+    return BrokerProcess(data_dir, bookies, config_file, extra_args, tracker, ready_timeout_s, port).start()
