@@ -54,7 +54,14 @@ log = logging.getLogger(__name__)
 
 REPL_CURSOR_PREFIX = "pulsar.repl."
 GRPC_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                # reconnect to a restarted remote within a second (gRPC's default backoff
+                # grows to 120 s); the connect timeout (min_reconnect_backoff_ms) stays 20 s
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
+# Longest wait between two replicator sessions (seconds); a remote that becomes
+# READY meanwhile ends the wait at once.
+MAX_RETRY_BACKOFF_S = 30.0
 
 
 def position_sequence_id(pos: Position) -> int:
@@ -165,15 +172,29 @@ class Replicator:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.connected = False
-                log.warning("%s replication interrupted: %s; rewinding and retrying in %.1fs",
+                if self.connected:
+                    backoff = 0.1       # a session was up: this is a new outage, start the backoff over
+                log.warning("%s replication interrupted: %s; rewinding and retrying within %.1fs",
                             self.log_prefix, exc, backoff)
             self.connected = False
             self.cursor.rewind()
             if self._closed:
                 return
-            await asyncio.sleep(backoff * (0.8 + 0.4 * random.random()))
-            backoff = min(backoff * 2, 30.0)
+            await self._wait_before_retry(backoff * (0.8 + 0.4 * random.random()))
+            backoff = min(backoff * 2, MAX_RETRY_BACKOFF_S)
+
+    async def _wait_before_retry(self, delay_s: float) -> None:
+        """Sleep ``delay_s`` seconds, or less when the remote's channel was not
+        connected and becomes READY meanwhile (a restarted remote is served at
+        once instead of after the backoff)."""
+        channel = self._channel
+        if channel is None or channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            await asyncio.sleep(delay_s)     # connected, yet refused: a plain backoff
+            return
+        try:
+            await asyncio.wait_for(channel.channel_ready(), delay_s)
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            pass
 
     async def _replicate_session(self) -> None:
         if self._channel is None:

@@ -32,9 +32,12 @@ class SnapshotBuilder:
     def received_response(self, position: Position, cluster: str, remote_position: Position) -> Optional[str]:
         if cluster not in self.remote_clusters:
             return None
+        if cluster not in self.missing:
+            return None                              # a repeated answer of this round
+        # putIfAbsent in both rounds (ReplicatedSubscriptionsSnapshotBuilder): the first
+        # round's position is the one every cluster is known to have replicated up to;
+        # a second-round position may cover messages another cluster has not seen yet.
         self.responses.setdefault(cluster, remote_position)
-        if self.first_round_complete:
-            self.responses[cluster] = remote_position
         self.missing.discard(cluster)
         if self.missing:
             return None
