@@ -237,9 +237,16 @@ class KeyBasedBatchMessageContainer:
 
     Messages are grouped by ``ordering_key`` if set, else ``partition_key`` (keyless
     messages form one group).  Limits apply to the total over all groups.
-    ``build_all`` returns one batch per key, ordered by lowest sequence id.
-    Caveat (as in Pulsar): batches of different keys interleave sequence ids, so
-    broker-side deduplication may drop later batches; do not combine with dedup.
+    ``build_all`` returns one batch per key, ordered by lowest sequence id; each
+    batch's metadata carries its own lowest (``sequence_id``) and highest
+    (``highest_sequence_id``) message sequence id.
+
+    Batches of different keys interleave sequence ids (key A: 0, 4, 8; key B: 1,
+    5, 9), so their ranges overlap and must not be sent as ``[lowest, highest]``
+    with broker deduplication on: the broker drops a send whose sequence id is
+    at or below the highest one it has seen.  The producer therefore sends each
+    key batch under its highest sequence id, in increasing order of it (Pulsar
+    #15413; ``client.producer_state.key_batches_in_send_order``).
     """
 
     def __init__(self, max_messages: int = 1000, max_bytes: int = 131072):

@@ -4,7 +4,10 @@ Producer (Pulsar's ProducerImpl): the *compressed* payload is split into
 chunks of at most ``max_chunk_size`` bytes; every chunk is its own entry whose
 metadata is the message's plus ``uuid = "<producer_name>-<sequence_id>"``,
 ``chunk_id``, ``num_chunks_from_msg`` and ``total_chunk_msg_size``.  All chunks
-share the sequence id.  Chunked messages are never batched.
+share the sequence id.  Chunked messages are never batched.  A chunk's entry
+leaves ``REPLICATION_METADATA_RESERVE`` bytes under the broker's max message
+size (``max_chunk_payload_size``), so that it still fits once a replicator
+has added ``replicated_from`` and the source ledger/entry ids.
 
 Consumer (Pulsar's ConsumerImpl.processMessageChunk + ChunkedMessageCtx):
 ``ChunkedMessageAssembler`` joins the chunks back; the caller decompresses the
@@ -17,11 +20,24 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from client.entry_format import HEADER_SIZE
 from client.message_id import MessageId
 from proto.pulsar_api_pb2 import MessageMetadata
 
 __all__ = ["split_into_chunks", "chunk_metadatas", "chunk_message", "ChunkedMessageAssembler",
-           "CompletedChunkedMessage", "DiscardedChunks", "is_chunk"]
+           "CompletedChunkedMessage", "DiscardedChunks", "is_chunk", "max_chunk_payload_size",
+           "chunk_metadata_size", "REPLICATION_METADATA_RESERVE"]
+
+# Bytes of MessageMetadata a geo-replicator adds to an entry before sending it to
+# a remote cluster, which checks the same max message size: replicated_from
+# (1-byte tag, length, the cluster name) and replicated_source_ledger_id /
+# replicated_source_entry_id (2-byte tags, varints of up to 10 bytes): 27 bytes
+# plus the cluster name.  512 covers cluster names of up to 480 bytes (Pulsar's
+# broker allows a 10 KB frame padding instead; minipulsar's broker checks
+# max_message_size exactly, so the room is kept here).
+REPLICATION_METADATA_RESERVE = 512
+_I32_MAX = (1 << 31) - 1
+_U64_MAX = (1 << 64) - 1
 
 log = logging.getLogger(__name__)
 _COMPLETED_MEMORY = 64  # completed messages remembered, to recognise their redelivered chunks
@@ -38,6 +54,30 @@ def split_into_chunks(payload: bytes | memoryview, max_chunk_size: int) -> list[
     if not data:
         return [b""]
     return [data[i:i + max_chunk_size] for i in range(0, len(data), max_chunk_size)]
+
+
+def chunk_metadata_size(metadata: MessageMetadata) -> int:
+    """Upper bound (bytes) of the serialized metadata of any chunk of a message
+    with ``metadata``: the message's fields plus a uuid, chunk_id,
+    num_chunks_from_msg and total_chunk_msg_size at their largest encodings."""
+    md = MessageMetadata()
+    md.CopyFrom(metadata)
+    md.sequence_id = _U64_MAX
+    md.uuid = f"{metadata.producer_name}-{_U64_MAX}"
+    md.chunk_id = md.num_chunks_from_msg = md.total_chunk_msg_size = _I32_MAX
+    return md.ByteSize()
+
+
+def max_chunk_payload_size(metadata: MessageMetadata, max_message_size: int,
+                           reserve: int = REPLICATION_METADATA_RESERVE) -> int:
+    """Payload bytes per chunk so that every chunk entry of a message with
+    ``metadata`` is at most ``max_message_size - reserve`` bytes (entry header
+    + chunk metadata + chunk payload), as Pulsar's ProducerImpl subtracts the
+    metadata size from the max message size when chunking.  ``reserve``: room
+    for metadata added on the way (replication, see
+    ``REPLICATION_METADATA_RESERVE``).  May be <= 0 when the metadata alone is
+    too large: the caller refuses the message."""
+    return max_message_size - reserve - HEADER_SIZE - chunk_metadata_size(metadata)
 
 
 def chunk_metadatas(metadata: MessageMetadata, num_chunks: int, total_chunk_msg_size: int) -> list[MessageMetadata]:

@@ -29,15 +29,15 @@ import grpc
 from client.batching import PendingMessage
 from client.connection import Backoff, is_retriable, map_rpc_error
 from client.errors import (AlreadyClosed, AuthorizationError, ConnectError, InvalidTopicName, NotAllowed,
-                           ProducerQueueIsFull, PulsarException, Timeout, TopicNotFound, TopicTerminated,
-                           error_from_status)
+                           ProducerQueueIsFull, PulsarException, ServiceNotReady, Timeout, TopicNotFound,
+                           TopicTerminated, error_from_status)
 from client.message_id import MessageId
 from client.producer_config import ProducerConfig
 from client.producer_state import (MessageAccumulator, OpSendMsg, PendingQueue, ReceiptAction, SendCallback,
-                                   SendCompletion, make_message)
+                                   SendCompletion, is_duplicate, make_message)
 from proto import broker_pb2 as pb
 
-__all__ = ["Producer", "SendCallback"]
+__all__ = ["Producer", "SendCallback", "is_duplicate"]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ class Producer:
     Create with ``await AsyncClient.create_producer(topic, **options)`` (options:
     ``client.producer_config.ProducerConfig``).  Message ids it returns carry
     ``partition`` (-1 unless created by a ``PartitionedProducer``), and for a
-    batched message ``batch_index``/``batch_size``; a duplicate dropped by the
-    broker's deduplication gets ``MessageId(-1, -1)``.
+    batched message ``batch_index``/``batch_size``; a send the broker's
+    deduplication dropped gets ``MessageId(-1, -1)`` (``is_duplicate(id)``;
+    see ``send``).
     """
 
     def __init__(self, client, topic: str, conf: ProducerConfig, partition: int = -1):
@@ -157,7 +158,24 @@ class Producer:
         (delayed messages are sent unbatched); ``replication_clusters``: geo
         targets; ``disable_replication``: keep local.  Raises ``MessageTooBig``,
         ``ProducerQueueIsFull``, ``Timeout``, ``AlreadyClosed``,
-        ``TopicTerminated`` or the broker's error."""
+        ``TopicTerminated`` or the broker's error.
+
+        Duplicates: a send the broker drops because it already stored this
+        producer name's ``sequence_id`` returns ``MessageId(-1, -1)`` (Pulsar's
+        ``-1:-1`` receipt; ``client.producer.is_duplicate(id)`` is True, and the
+        id is not a position: do not seek or acknowledge with it).  Nothing new
+        was stored by this call and the stored copy's id is unknown.  That
+        happens when the application sends a sequence id again (at or below
+        ``last_sequence_id()``, deduplication on), and after a reconnect for a
+        message whose first transmission was stored but whose receipt was
+        lost: it is stored once and not sent again.  Every other successful
+        send returns the id of the stored message: with deduplication on the
+        SDK sends generated sequence ids so that the broker never takes a new
+        message for a duplicate (KeyBased batches go out under their highest
+        sequence id, in increasing order, Pulsar #15413).  A message the broker
+        refused and then dropped as a duplicate of later messages it stored
+        meanwhile was never stored: that send raises ``ServiceNotReady``, it
+        does not return -1:-1."""
         fut = self._loop.create_future()
         self._send(content, _future_callback(fut), properties, partition_key, ordering_key, sequence_id,
                    event_timestamp, replication_clusters, disable_replication, deliver_after, deliver_at)
@@ -171,7 +189,8 @@ class Producer:
         """Publish without waiting: ``callback(exception_or_None, message_id_or_None)``
         is called on the event loop once the message is persisted or failed
         (also for immediate errors such as ``ProducerQueueIsFull``).  Arguments as
-        ``send``.  Call from the client's event loop."""
+        ``send``; a dropped duplicate gets ``MessageId(-1, -1)`` as there.  Call
+        from the client's event loop."""
         if callback is None:
             callback = _ignore
         try:
@@ -328,6 +347,8 @@ class Producer:
             self._topic = ok.topic
         if first:
             self._acc.init_sequence_ids(ok.last_sequence_id, self._conf.initial_sequence_id)
+        else:
+            self._settle_stored(self._queue.drop_stored(_signed(ok.last_sequence_id)))
         self._queue.mark_all_unsent()
         if self._state == _CONNECTING:
             self._state = _READY
@@ -389,9 +410,18 @@ class Producer:
                                f"on {self._topic}; reconnecting to resend")
         self._acc.on_published(op.highest_sequence_id)
         if op.is_last_chunk:
-            ids = op.message_ids(r.message_id.ledger_id, r.message_id.entry_id, self._partition)
-            for msg, mid in zip(op.messages, ids):
-                self._settle(msg, None, mid)
+            ledger_id, entry_id = r.message_id.ledger_id, r.message_id.entry_id
+            if (ledger_id < 0 or entry_id < 0) and op.lost_as_duplicate:
+                # Never stored: refused, then dropped as a duplicate of later sends the broker
+                # stored meanwhile.  Not a duplicate (-1:-1): fail it so the application knows.
+                self._settle_op_failure(op, ServiceNotReady(
+                    f"message with sequence id {op.sequence_id} on {self._topic} was refused by the broker, "
+                    f"which then stored later messages of producer {self._name}; deduplication now drops it "
+                    "as a duplicate although it was never stored: it is lost, send it again"))
+            else:
+                ids = op.message_ids(ledger_id, entry_id, self._partition)
+                for msg, mid in zip(op.messages, ids):
+                    self._settle(msg, None, mid)
         _release(op)
         if self._timeout_timer is None and self._queue and self._conf.send_timeout_millis > 0:
             self._arm_timeout_timer()
@@ -400,7 +430,10 @@ class Producer:
         exc = error_from_status(e.error, e.message)
         seq = _signed(e.sequence_id)
         if is_retriable(exc) or is_retriable_transient(exc):
-            raise exc  # reconnect; everything pending (this message first) is sent again
+            # The broker ends the stream: reconnect and send this message again (it is not
+            # stored by this transmission), then everything after it not stored meanwhile.
+            self._queue.mark_refused(seq)
+            raise exc
         if isinstance(exc, TopicTerminated):
             self._fail(exc)
             raise exc
@@ -409,6 +442,20 @@ class Producer:
             raise ConnectError(f"send error for sequence id {seq} that is not the next pending message: {exc}")
         for op in ops:
             self._settle_op_failure(op, exc)
+
+    def _settle_stored(self, ops: list[OpSendMsg]) -> None:
+        """Settle ops that ``PendingQueue.drop_stored`` found stored by an
+        earlier transmission whose receipt was lost: they resolve as a duplicate
+        receipt would (``MessageId(-1, -1)``, see ``is_duplicate``)."""
+        if ops:
+            log.info("[%s] [%s] %d pending send(s) up to sequence id %s were stored before the reconnect; "
+                     "not sending them again", self._topic, self._name, len(ops), ops[-1].highest_sequence_id)
+        for op in ops:
+            self._acc.on_published(op.highest_sequence_id)
+            if op.is_last_chunk:
+                for msg, mid in zip(op.messages, op.message_ids(-1, -1, self._partition)):
+                    self._settle(msg, None, mid)
+            _release(op)
 
     # -- failure -----------------------------------------------------------------
     def _settle_op_failure(self, op: OpSendMsg, exc: PulsarException) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from client.batching import BatchMessageContainer, KeyBasedBatchMessageContainer, PendingMessage, message_metadata
-from client.chunking import chunk_message
+from client.chunking import REPLICATION_METADATA_RESERVE, chunk_message, max_chunk_payload_size
 from client.compression import CompressionType, compress
 from client.entry_format import HEADER_SIZE, encode_entry
 from client.errors import MessageTooBig, PulsarException
@@ -28,7 +28,8 @@ from client.message_id import MessageId
 from proto import broker_pb2
 
 __all__ = ["BatchingType", "OpSendMsg", "MessageAccumulator", "PendingQueue", "ReceiptAction",
-           "SendCompletion", "SendCallback", "make_message", "DEFAULT_MAX_MESSAGE_SIZE"]
+           "SendCompletion", "SendCallback", "make_message", "DEFAULT_MAX_MESSAGE_SIZE", "is_duplicate",
+           "key_batches_in_send_order", "REPLICATION_METADATA_RESERVE"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ SendCallback = Callable[[PulsarException | None, MessageId | None], Any]
 
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024  # Pulsar's maxMessageSize default (bytes), until the broker says
 _U64 = (1 << 64) - 1
+
+
+def is_duplicate(message_id: MessageId | None) -> bool:
+    """True for the id a send resolves with when the broker's deduplication
+    dropped it: ``MessageId(-1, -1)`` (Pulsar's ``-1:-1`` receipt).
+
+    It means *this* send stored nothing new: the broker already holds a message
+    of this producer name with this sequence id (its id is not known to the
+    client).  That is the case when the application sends a sequence id again
+    (``sequence_id`` at or below ``last_sequence_id()``), and after a reconnect
+    for a message whose first transmission was stored but whose receipt was
+    lost (it is stored once).  Never a failed send: those raise."""
+    return message_id is not None and message_id.ledger_id < 0 and message_id.entry_id < 0
 
 
 class BatchingType(enum.Enum):
@@ -67,7 +81,11 @@ class OpSendMsg:
     completes it); ``batched``: the entry is a batch (message ids get a batch
     index); ``chunk_id`` / ``num_chunks``: -1 / 0 unless a chunk;
     ``created_ms``: monotonic ms, for the send timeout; ``waiters``: opaque
-    objects (futures) the producer resolves when the op is settled (flush).
+    objects (futures) the producer resolves when the op is settled (flush);
+    ``transmissions``: how many times it was written on a stream (once written
+    it may be stored even without a receipt); ``refusals``: how many of them
+    the broker answered with a retriable SendError (those stored nothing);
+    ``refused``: the latest one was.
     """
 
     sequence_id: int
@@ -80,10 +98,28 @@ class OpSendMsg:
     num_chunks: int = 0
     created_ms: float = 0.0
     waiters: list = field(default_factory=list)
+    transmissions: int = 0
+    refusals: int = 0
+    refused: bool = False
 
     @property
     def is_chunk(self) -> bool:
         return self.num_chunks > 1
+
+    @property
+    def written(self) -> bool:
+        """It went out on a stream at least once."""
+        return self.transmissions > 0
+
+    @property
+    def lost_as_duplicate(self) -> bool:
+        """For a duplicate receipt (-1:-1) to the current transmission: True when
+        every earlier transmission was refused, so no transmission of this op
+        was ever stored; the broker took it for a duplicate because it stored
+        later sends of the producer after refusing this one.  The message is
+        then lost, not a duplicate (an application's repeated sequence id is
+        never refused first, and stays a duplicate)."""
+        return self.refusals > 0 and self.refusals == self.transmissions - 1
 
     @property
     def is_last_chunk(self) -> bool:
@@ -113,6 +149,25 @@ class OpSendMsg:
             n = len(self.messages)
             return [trusted(ledger_id, entry_id, partition, i, n) for i in range(n)]
         return [trusted(ledger_id, entry_id, partition) for _ in self.messages]
+
+
+def key_batches_in_send_order(ops: list[OpSendMsg]) -> list[OpSendMsg]:
+    """Make the batches of one KeyBased flush safe for broker deduplication
+    (Pulsar #15413, ``BatchMessageKeyBasedContainer.createOpSendMsgs``).
+
+    Batches of different keys interleave sequence ids (key A holds 0, 4, 8; key
+    B 1, 5, 9), so their ``[lowest, highest]`` ranges overlap, and the broker,
+    which drops a send whose ``sequence_id`` is at or below the highest id it
+    has seen from the producer, would drop every batch after the first.  So,
+    as Pulsar: each batch is sent with its *highest* sequence id as both
+    ``sequence_id`` and ``highest_sequence_id`` (the entry's MessageMetadata
+    keeps the real lowest/highest ids), and the batches go in increasing order
+    of that id: every send's ``sequence_id`` is above the previous send's
+    ``highest_sequence_id``.  A resent batch is still recognised (its id is at
+    or below what the broker stored).  Returns a new list."""
+    for op in ops:
+        op.sequence_id = op.highest_sequence_id
+    return sorted(ops, key=lambda op: op.highest_sequence_id)
 
 
 class MessageAccumulator:
@@ -270,12 +325,15 @@ class MessageAccumulator:
         ops: list[OpSendMsg] = []
         for md, payload, msgs in built:
             ops += self._batch_ops(md, payload, msgs, now)
+        if len(ops) > 1 and isinstance(self._container, KeyBasedBatchMessageContainer):
+            ops = key_batches_in_send_order(ops)
         return ops
 
     def _batch_ops(self, md, payload: bytes, msgs: list[PendingMessage], now: int) -> list[OpSendMsg]:
         entry = encode_entry(md, payload)
-        if len(entry) > self.max_message_size and len(msgs) > 1:
-            # per-message metadata pushed the batch over the broker's limit: split it in two
+        if len(entry) > self.max_message_size - REPLICATION_METADATA_RESERVE and len(msgs) > 1:
+            # per-message metadata pushed the batch over the broker's limit (less the room a
+            # geo-replicator's metadata needs): split it in two
             half = len(msgs) // 2
             out: list[OpSendMsg] = []
             for part in (msgs[:half], msgs[half:]):
@@ -298,7 +356,9 @@ class MessageAccumulator:
         md = message_metadata(msg, self.producer_name, 0)
         md.sequence_id = self.next_sequence_id if msg.sequence_id is None else msg.sequence_id
         overhead = HEADER_SIZE + 2 * md.ByteSize() + 48
-        return msg.size + overhead > self.max_message_size
+        # with chunking on, leave the room replication metadata needs (see _prepare_single)
+        limit = self.max_message_size - (REPLICATION_METADATA_RESERVE if self.chunking_enabled else 0)
+        return msg.size + overhead > limit
 
     def _add_to_batch(self, msg: PendingMessage) -> list[OpSendMsg]:
         ops: list[OpSendMsg] = []
@@ -335,18 +395,21 @@ class MessageAccumulator:
             md.uncompressed_size = len(msg.payload)
         md.sequence_id = msg.sequence_id if msg.sequence_id is not None else self.next_sequence_id
         entry_size = HEADER_SIZE + md.ByteSize() + len(payload)
-        if entry_size <= self.max_message_size:
-            return md, payload, 0
         if not self.chunking_enabled:
+            if entry_size <= self.max_message_size:
+                return md, payload, 0
             raise MessageTooBig(f"message of {msg.size} bytes ({len(payload)} bytes compressed) is larger than "
                                 f"the broker's max message size of {self.max_message_size} bytes; enable "
                                 "chunking (chunking_enabled=True) or send smaller messages")
-        # per-chunk metadata adds uuid, chunk_id, num_chunks_from_msg, total_chunk_msg_size
-        extra = len(self.producer_name) + 24 + 32
-        chunk_size = self.max_message_size - HEADER_SIZE - md.ByteSize() - extra
+        # With chunking, every entry keeps room for the metadata a geo-replicator
+        # adds (the remote checks the same max message size), whole or chunked.
+        if entry_size <= self.max_message_size - REPLICATION_METADATA_RESERVE:
+            return md, payload, 0
+        chunk_size = max_chunk_payload_size(md, self.max_message_size)
         if chunk_size < 1024:
             raise MessageTooBig(f"message metadata ({md.ByteSize()} bytes) leaves no room for chunks under the "
-                                f"max message size of {self.max_message_size} bytes")
+                                f"max message size of {self.max_message_size} bytes (less "
+                                f"{REPLICATION_METADATA_RESERVE} bytes kept for replication metadata)")
         return md, payload, chunk_size
 
     def _single_ops(self, msg: PendingMessage, md, payload: bytes, chunk_size: int) -> list[OpSendMsg]:
@@ -390,9 +453,9 @@ class PendingQueue:
     """Ops in send order (Pulsar's ``pendingMessages``).
 
     The first ``num_sent`` ops were written on the current stream; the rest
-    wait for the sender.  After a reconnect ``mark_all_unsent`` makes every op
-    go again, in order (the broker deduplicates).  ``num_messages`` counts the
-    messages of ops that are not settled (chunks count their message once).
+    wait for the sender.  After a reconnect ``drop_stored`` removes what the
+    broker's last sequence id shows as stored, and ``mark_all_unsent`` makes
+    every remaining op go again, in order (the broker deduplicates).
     """
 
     def __init__(self) -> None:
@@ -437,6 +500,8 @@ class PendingQueue:
                 break
             out.append(op)
             total += op.size
+            op.transmissions += 1
+            op.refused = False
             self.num_sent += 1
         return out
 
@@ -460,6 +525,66 @@ class PendingQueue:
             self._pop()
             return ReceiptAction.COMPLETE, head
         return ReceiptAction.RECONNECT, None
+
+    def mark_refused(self, sequence_id: int) -> int:
+        """The broker refused the send of ``sequence_id`` with a retriable error
+        (it then ends the stream): mark the written ops carrying that id (one op,
+        or the chunks of one message) as not stored by this transmission, so
+        ``drop_stored`` resends them.  Returns how many were marked."""
+        n = 0
+        for op in self._ops:
+            if not op.written:
+                break
+            if op.sequence_id == sequence_id and not op.refused:
+                op.refused = True
+                op.refusals += 1
+                n += 1
+        return n
+
+    def drop_stored(self, last_sequence_id: int) -> list[OpSendMsg]:
+        """After a reconnect, before ``mark_all_unsent``: remove and return the
+        ops the broker already stored, so they are not sent again (the broker's
+        ``last_sequence_id``, the highest sequence id it persisted for the
+        producer name, covers them); what stays is resent in order.
+
+        A message is dropped whole (a plain op or batch, or every remaining
+        chunk of a chunked message: the broker deduplicates a chunked message on
+        its last chunk) when all its ops were written before, none was refused
+        on its latest transmission, and its highest sequence id is at or below
+        ``last_sequence_id``.  A refused message stays (that transmission
+        stored nothing) and the scan goes on after it; the scan stops at the
+        first message never written, or whose sequence id is not above every
+        earlier one's (application-given ids out of order): from there on
+        everything is resent and the broker decides.  Without this, a resent
+        chunk would be stored again (only the last chunk is deduplicated) and,
+        with deduplication off, a message stored without a receipt would be
+        stored twice."""
+        dropped: list[OpSendMsg] = []
+        kept: list[OpSendMsg] = []
+        previous: int | None = None
+        ops = list(self._ops)
+        i = 0
+        while i < len(ops):
+            head = ops[i]
+            n = 1
+            if head.is_chunk:
+                while i + n < len(ops) and ops[i + n].is_chunk and ops[i + n].messages is head.messages:
+                    n += 1
+            unit = ops[i:i + n]
+            highest = max(op.highest_sequence_id for op in unit)
+            if (any(not op.written for op in unit) or (head.is_chunk and not unit[-1].is_last_chunk)
+                    or (previous is not None and head.sequence_id <= previous)):
+                break
+            if highest <= last_sequence_id and not any(op.refused for op in unit):
+                dropped += unit
+            else:
+                kept += unit
+            previous = highest if previous is None else max(previous, highest)
+            i += n
+        if dropped:
+            self._ops = deque(kept + ops[i:])
+            self.num_sent = 0
+        return dropped
 
     def pop_sequence(self, sequence_id: int) -> list[OpSendMsg]:
         """Remove and return the ops at the head carrying ``sequence_id`` (one op,
