@@ -83,6 +83,7 @@ class ManagedCursor:
         # (persistentMarkDeletePosition): what ledger trimming goes by.
         self.persistent_mark_delete_position: Position = Position(-1, -1)
         self.read_position: Position = Position(-1, -1)
+        self._read_generation = 0      # bumped by rewind/seek/reset: a read in flight then is stale
         self.individual_deleted = AckRangeSet()
         self.batch_deleted = BatchDeletedIndexes()
         self.properties: dict[str, int] = {}         # LongProperty, persisted with mark-delete
@@ -262,7 +263,13 @@ class ManagedCursor:
             self.read_position = pos
             if pos > self.ml.last_confirmed:
                 break
+            generation = self._read_generation
             entries = await self.ml.read_entries(pos, max_count - len(out), max_bytes - size)
+            if generation != self._read_generation:
+                # A rewind/seek/reset moved the read position while the bookies answered:
+                # this read is stale (it must not move the read position past the new one).
+                out, size = [], 0
+                continue
             if not entries:
                 # pos is past the end of its ledger: continue in the next one.
                 nxt = self.ml._next_ledger_start(pos)
@@ -296,10 +303,12 @@ class ManagedCursor:
 
     def rewind(self) -> None:
         """Move the read position back to the first unacknowledged entry (redelivery)."""
+        self._read_generation += 1
         self.read_position = self.ml.next_position(self.mark_delete_position)
 
     def seek(self, position: Position) -> None:
         """Move only the read position (acks unchanged)."""
+        self._read_generation += 1
         self.read_position = position
 
     # ---- acknowledgments ------------------------------------------------
@@ -424,6 +433,7 @@ class ManagedCursor:
             raise InvalidCursorPosition(
                 f"cannot reset cursor {self.name} of {self.ml.name} to {position}: not an entry of the topic "
                 f"(first {first}, last {self.ml.last_confirmed}); use an id the topic returned, or earliest/latest")
+        self._read_generation += 1
         self.mark_delete_position = Position(position.ledger_id, position.entry_id - 1)
         self.persistent_mark_delete_position = min(self.persistent_mark_delete_position, self.mark_delete_position)
         self.individual_deleted.clear()

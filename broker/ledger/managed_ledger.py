@@ -33,7 +33,7 @@ import time
 from typing import Optional
 
 from bookie.client import BookKeeper, LedgerHandle
-from bookie.errors import BKException, EntryTooLargeError, LedgerFencedError
+from bookie.errors import BKException, EntryTooLargeError, LedgerFencedError, NoSuchLedgerError
 from proto import metadata_pb2
 
 from .entry_cache import EntryCache, EntryCacheManager
@@ -124,6 +124,7 @@ class ManagedLedger:
         # Adds not confirmed on a ledger that failed: resubmitted first, in order, to the next ledger.
         self._failed_adds: list[tuple[bytes, asyncio.Future]] = []
         self._failed_ledger: Optional[LedgerHandle] = None   # closed at its LAC by the next rollover
+        self._ledgers_to_delete: list[int] = []               # empty ledgers, deleted after _store_info
         self._rollover_task: Optional[asyncio.Task] = None
         self._closing = asyncio.Event()                       # set by close(): stops creation retries
         self._read_handles: dict[int, LedgerHandle] = {}
@@ -147,15 +148,23 @@ class ManagedLedger:
         self.properties = {kv.key: kv.value for kv in info.properties}
         if self.ledgers:
             last_id = max(self.ledgers)
-            handle = await self.bk.open_ledger(last_id, recovery=True)
-            li = self.ledgers[last_id]
-            li.entries = handle.last_add_confirmed + 1
-            li.size = handle.metadata.length if handle.metadata.length > 0 else li.size
-            if li.entries == 0:
+            try:
+                handle = await self.bk.open_ledger(last_id, recovery=True)
+            except NoSuchLedgerError:
+                # Created but never written, and deleted (ManagedLedgerImpl.initialize
+                # drops a last ledger that does not exist).
+                log.warning("[%s] last ledger %d does not exist; dropping it from the list", self.name, last_id)
                 del self.ledgers[last_id]
-                await self.bk.delete_ledger(last_id)
-            else:
-                self._read_handles[last_id] = handle
+                handle = None
+            if handle is not None:
+                li = self.ledgers[last_id]
+                li.entries = handle.last_add_confirmed + 1
+                li.size = handle.metadata.length if handle.metadata.length > 0 else li.size
+                if li.entries == 0:
+                    del self.ledgers[last_id]
+                    self._ledgers_to_delete.append(last_id)   # once the list without it is stored
+                else:
+                    self._read_handles[last_id] = handle
         non_empty = [lid for lid, li in self.ledgers.items() if li.entries > 0]
         if non_empty:
             last = max(non_empty)
@@ -183,6 +192,12 @@ class ManagedLedger:
                 self._fence(ManagedLedgerFencedError(
                     f"managed ledger {self.name}: metadata changed by another owner ({exc})"))
                 raise self._fenced from None
+            # Empty ledgers left the stored list just now: only now may they be deleted
+            # (deleted earlier, a crash would leave the list naming a missing ledger).
+            gone = [lid for lid in self._ledgers_to_delete if lid not in self.ledgers]
+            self._ledgers_to_delete = [lid for lid in self._ledgers_to_delete if lid in self.ledgers]
+        for lid in gone:
+            asyncio.ensure_future(self._delete_ledger_quietly(lid))
 
     def _fence(self, exc: Exception) -> None:
         if self._fenced is None:
@@ -327,7 +342,7 @@ class ManagedLedger:
             return
         if old.last_add_confirmed < 0:
             del self.ledgers[old.ledger_id]
-            asyncio.ensure_future(self._delete_ledger_quietly(old.ledger_id))
+            self._ledgers_to_delete.append(old.ledger_id)   # deleted once the list without it is stored
             return
         li.entries = old.last_add_confirmed + 1
         li.size = old.length
@@ -659,16 +674,18 @@ class ManagedLedger:
         self.cache.clear()
 
     async def delete(self) -> None:
-        """Delete the managed ledger: every cursor, ledger and its metadata."""
+        """Delete the managed ledger: every cursor, ledger and its metadata
+        (ManagedLedgerImpl.asyncDelete). The factory forgets it first, so an open
+        meanwhile creates a new one instead of returning this one; the adds in
+        flight complete first (close). Raises the metadata store's error."""
+        self.factory._forget(self)
+        await self.close()
         for name in list(self.cursors):
             await self.delete_cursor(name)
-        await self.close()
         for lid in list(self.ledgers):
             await self.bk.delete_ledger(lid)
-        try:
+        if await self.metadata.exists(ml_path(self.name)):
             await self.metadata.delete(ml_path(self.name))
-        except Exception:
-            pass
 
 
 class ManagedLedgerFactory:
