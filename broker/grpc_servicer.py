@@ -20,6 +20,7 @@ from .service import admin
 from .service.broker_service import BrokerService
 from .service.consumer import Consumer, ConsumerWriter
 from .service.errors import InvalidArgument, ServiceNotReady
+from .service.resources import check_subscription_name
 from .service.seek import find_position_by_publish_time
 from .service.topic import DUP_POSITION
 
@@ -84,18 +85,30 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 if not req.HasField("sends"):
                     continue
                 for send in req.sends.sends:
+                    if producer.closed:
+                        continue                       # disconnecting: the client resends after reconnecting
                     if producer.failed:
-                        # A replicator stream stores nothing after a failed send, so a later
-                        # entry never lands before an earlier one (exactly-once, Pulsar #26113).
-                        pending.append((send, ServiceNotReady("an earlier send of this replicator failed")))
+                        # A stream stores nothing after a send failed with a retriable error, so a
+                        # later send never lands before an earlier one that the client resends: with
+                        # dedup the resend would be dropped as a duplicate of the later one (loss),
+                        # and a replicator would break exactly-once (Pulsar #26113).
+                        pending.append((send, ServiceNotReady("an earlier send on this stream failed; "
+                                                              "reconnect and resend from it")))
                         continue
                     try:
                         pending.append((send, topic.publish(producer, send)))
                     except Exception as exc:
                         pending.append((send, exc))
-                        producer.failed = producer.is_replicator
+                        producer.failed = producer.is_replicator or getattr(exc, "retriable", False)
                 signal()
 
+        def disconnect(reason: BaseException) -> None:
+            # The topic closes (unload, delete, fenced ledger): answer what is in flight,
+            # then end the stream so the client looks the topic up again.
+            pending.append((None, reason))
+            signal()
+
+        producer.on_disconnect = disconnect
         reader_task = asyncio.create_task(reader())
         reader_task.add_done_callback(signal)
         try:
@@ -129,6 +142,11 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     else:
                         exc = item
                     pending.popleft()
+                    if send is None:                   # disconnect() after everything before it
+                        if receipts:
+                            await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+                        await abort_with(context, exc)
+                        return
                     if exc is None:
                         pos = item.result()
                         receipts.append(pb.SendReceipt(
@@ -163,6 +181,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         consumer = Consumer(sub.consumer_name or f"consumer-{id(writer) & 0xffffff:x}", sub.priority_level,
                             writer.send, self.service.config.max_unacked_messages_per_consumer)
         try:
+            check_subscription_name(sub.subscription)
             topic = await self.service.get_topic(sub.topic)
             subscription = await topic.subscribe(sub, consumer)
         except Exception as exc:
@@ -171,12 +190,16 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         await context.write(pb.ConsumerResponse(subscribed=pb.SubscribeSuccess(
             consumer_name=consumer.name, topic=str(topic.name))))
         reader_task = asyncio.create_task(self._consumer_reader(context, topic, subscription, consumer, writer))
+        consumer.on_disconnect = writer.close
         try:
             while True:
                 response = await writer.queue.get()
                 if response is None:
                     break
                 await context.write(response)
+            if consumer.closed and topic.closed:
+                await abort_with(context, ServiceNotReady(
+                    f"topic {topic.name} was unloaded or deleted on this broker; look it up again"))
         finally:
             reader_task.cancel()
             subscription.remove_consumer(consumer)
@@ -195,8 +218,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 elif kind == "ack":
                     self._ack(subscription, consumer, req.ack, writer)
                 elif kind == "redeliver":
-                    subscription.redeliver_unacknowledged(
-                        consumer, [Position(p.ledger_id, p.entry_id) for p in req.redeliver.positions])
+                    self._redeliver(subscription, consumer, req.redeliver)
                 elif kind == "seek":
                     try:
                         if req.seek.WhichOneof("target") == "publish_time":
@@ -212,6 +234,9 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     except Exception as exc:
                         writer.send(_status_response(req.seek.request_id, exc))
                 elif kind == "unsubscribe":
+                    # Removing the subscription disconnects its consumers; this one's stream
+                    # ends here instead, after the answer (else the client never gets it).
+                    hook, consumer.on_disconnect = getattr(consumer, "on_disconnect", None), None
                     try:
                         if subscription.durable:
                             await subscription.unsubscribe(consumer)
@@ -219,12 +244,29 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                         writer.close()
                         return
                     except Exception as exc:
+                        consumer.on_disconnect = hook
                         writer.send(_status_response(req.unsubscribe.request_id, exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.debug("consumer stream reader ended: %s", exc)
         writer.close()
+
+    @staticmethod
+    def _redeliver(subscription, consumer: Consumer, redeliver: pb.RedeliverUnacknowledged) -> None:
+        """As Pulsar's ServerCnx.handleRedeliverUnacknowledged: positions only on
+        individual-ack subscriptions (Shared, Key_Shared); otherwise everything
+        unacknowledged of the consumer, after raising its epoch (PIP-84) so that
+        what it pushes from now on is told apart from frames already on the way."""
+        if redeliver.positions and subscription.sub_type in (pb.Shared, pb.Key_Shared):
+            subscription.redeliver_unacknowledged(
+                consumer, [Position(p.ledger_id, p.entry_id) for p in redeliver.positions])
+            return
+        consumer.set_epoch(redeliver.consumer_epoch)
+        dispatcher = subscription.dispatcher
+        if dispatcher is not None and not dispatcher.accepts_redeliver_all(consumer):
+            return  # Failover: only the active consumer can ask for a resend (Pulsar)
+        subscription.redeliver_unacknowledged(consumer, [])
 
     def _ack(self, subscription, consumer, ack: pb.Ack, writer: ConsumerWriter) -> None:
         try:

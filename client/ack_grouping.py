@@ -10,6 +10,11 @@ and BatchMessageAcker.  Sans-I/O: the consumer feeds acks in and sends the
   acknowledged once every message of the batch is (BatchMessageAcker), and a
   cumulative ack inside a batch acknowledges the previous entry cumulatively
   (Pulsar's ``prevBatchMessageId``).
+- Flushed acks stay "in flight" until the broker confirms them
+  (``flush_in_flight`` / ``confirm``): they keep filtering redeliveries
+  (``is_duplicate``), and when the connection breaks ``requeue_in_flight``
+  makes them pending again, to be sent on the next connection (a frame written
+  to a stream that broke before anyone noticed never reached the broker).
 """
 from __future__ import annotations
 
@@ -76,6 +81,11 @@ class BatchMessageAcker:
         return not (self._unacked >> index) & 1
 
     @property
+    def unacked_mask(self) -> int:
+        """Bit i set = index i not yet acknowledged."""
+        return self._unacked
+
+    @property
     def outstanding(self) -> int:
         """Number of unacknowledged messages."""
         return bin(self._unacked).count("1")
@@ -116,14 +126,26 @@ class AcknowledgmentsGroupingTracker:
         self._cumulative_key: tuple[int, int, int] | None = None
         self._cumulative_dirty = False
         self._first_pending_ms: int | None = None
+        # token -> (individual keys, batch-index ackers, had a cumulative frame) of flushed acks
+        # the broker has not confirmed yet; tokens whose batch-index ackers are not empty
+        self._in_flight: dict[int, tuple[dict, dict, bool]] = {}
+        self._in_flight_batch_index: dict[int, dict] = {}
+        self._tokens = 0
 
     # -- batch entries -------------------------------------------------------------
     def register_batch(self, ledger_id: int, entry_id: int, batch_size: int,
                        unacked_mask: int | None = None) -> BatchMessageAcker:
         """Start tracking a received batch entry (a new acker per delivery, as
         Pulsar).  ``unacked_mask`` from ``unacked_mask_from_ack_set``."""
+        key = (ledger_id, entry_id)
         acker = BatchMessageAcker(batch_size, unacked_mask)
-        self._ackers[(ledger_id, entry_id)] = acker
+        if self._batch_index or self._in_flight_batch_index:
+            # batch-index acks the broker may not have yet (pending, in flight) still count
+            known = self._batch_index.get(key) or next(
+                (d[key] for d in self._in_flight_batch_index.values() if key in d), None)
+            if known is not None and known.batch_size == batch_size:
+                acker._unacked &= known._unacked
+        self._ackers[key] = acker
         return acker
 
     def acker_of(self, message_id: MessageId) -> BatchMessageAcker | None:
@@ -203,7 +225,7 @@ class AcknowledgmentsGroupingTracker:
         are not (``1 << 40`` = the whole entry).  One check per entry instead of
         one per message."""
         key = (ledger_id, entry_id)
-        if key in self._individual:
+        if key in self._individual or (self._in_flight and self._in_flight_entry(key)):
             return _WHOLE
         cum = self._cumulative_key
         if cum is None:
@@ -221,7 +243,11 @@ class AcknowledgmentsGroupingTracker:
         redelivered message is dropped, not delivered again."""
         if self._cumulative_key is not None and _order_key(message_id) <= self._cumulative_key:
             return True
-        return _entry_key(message_id) in self._individual
+        key = _entry_key(message_id)
+        return key in self._individual or bool(self._in_flight) and self._in_flight_entry(key)
+
+    def _in_flight_entry(self, key: tuple[int, int]) -> bool:
+        return any(key in flight[0] for flight in self._in_flight.values())
 
     def has_pending(self) -> bool:
         """Whether ``flush()`` would return frames."""
@@ -236,21 +262,69 @@ class AcknowledgmentsGroupingTracker:
     def flush(self) -> list[broker_pb2.Ack]:
         """Take the pending acks as ``Ack`` frames: the cumulative one (if it
         moved) and one Individual frame with every position (batch-index acks
-        carry ``batch_size`` and the acknowledged ``batch_indexes``)."""
+        carry ``batch_size`` and the acknowledged ``batch_indexes``).  They
+        are forgotten at once (see ``flush_in_flight`` to keep them)."""
+        return self._flush()[0]
+
+    def _flush(self) -> tuple[list[broker_pb2.Ack], dict, dict, bool]:
         frames: list[broker_pb2.Ack] = []
+        cumulative = False
         if self._cumulative_dirty and self._cumulative is not None:
             frames.append(broker_pb2.Ack(ack_type=broker_pb2.Cumulative, positions=[self._cumulative]))
             self._cumulative_dirty = False
-        positions = [broker_pb2.AckPosition(ledger_id=l, entry_id=e) for (l, e) in self._individual]
-        for (l, e), acker in self._batch_index.items():
+            cumulative = True
+        individual, batch_index = self._individual, self._batch_index
+        positions = [broker_pb2.AckPosition(ledger_id=l, entry_id=e) for (l, e) in individual]
+        for (l, e), acker in batch_index.items():
             positions.append(broker_pb2.AckPosition(ledger_id=l, entry_id=e, batch_size=acker.batch_size,
                                                     batch_indexes=acker.acked_indexes()))
         if positions:
             frames.append(broker_pb2.Ack(ack_type=broker_pb2.Individual, positions=positions))
-        self._individual.clear()
-        self._batch_index.clear()
+        self._individual, self._batch_index = {}, {}
         self._first_pending_ms = None
-        return frames
+        return frames, individual, batch_index, cumulative
+
+    def flush_in_flight(self) -> tuple[int, list[broker_pb2.Ack]]:
+        """``flush``, keeping what it returned in flight under the returned
+        token (0 when there was nothing to flush): it filters redeliveries
+        until ``confirm(token)`` and goes back to pending on ``requeue_in_flight``."""
+        frames, individual, batch_index, cumulative = self._flush()
+        if not frames:
+            return 0, frames
+        self._tokens += 1
+        self._in_flight[self._tokens] = (individual, batch_index, cumulative)
+        if batch_index:
+            self._in_flight_batch_index[self._tokens] = batch_index
+        return self._tokens, frames
+
+    def confirm(self, token: int) -> None:
+        """The broker applied the frames flushed under ``token``."""
+        if self._in_flight.pop(token, None) is not None and self._in_flight_batch_index:
+            self._in_flight_batch_index.pop(token, None)
+
+    def in_flight(self) -> int:
+        """Number of flushes the broker has not confirmed yet."""
+        return len(self._in_flight)
+
+    def requeue_in_flight(self, now_ms: int = 0) -> bool:
+        """The connection broke: every unconfirmed flush becomes pending again
+        (Pulsar keeps pending acks across reconnects), to be sent on the next
+        connection.  Returns True if anything was requeued."""
+        if not self._in_flight:
+            return False
+        for individual, batch_index, cumulative in self._in_flight.values():
+            for key in individual:
+                self._individual[key] = None
+            for key, acker in batch_index.items():
+                if key not in self._individual:
+                    self._batch_index.setdefault(key, acker)
+            if cumulative and self._cumulative is not None:
+                self._cumulative_dirty = True
+        self._in_flight.clear()
+        self._in_flight_batch_index.clear()
+        if self._first_pending_ms is None:
+            self._first_pending_ms = now_ms
+        return True
 
     def clear(self) -> None:
         """Forget everything, including the last cumulative ack (after a seek,
@@ -261,3 +335,5 @@ class AcknowledgmentsGroupingTracker:
         self._cumulative = self._cumulative_key = None
         self._cumulative_dirty = False
         self._first_pending_ms = None
+        self._in_flight.clear()
+        self._in_flight_batch_index.clear()

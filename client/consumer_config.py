@@ -44,11 +44,13 @@ class DeadLetterPolicy:
     """Dead-letter policy (Pulsar's DeadLetterPolicy / pulsar-client's
     ``ConsumerDeadLetterPolicy``).
 
-    ``max_redeliver_count``: a message that arrives with a redelivery count >=
-    this is published to the dead-letter topic and acknowledged instead of being
-    delivered (>= 1), so the application sees it at most ``max_redeliver_count``
-    times (Pulsar's ConsumerImpl delivers it once more and dead-letters it at
-    its next redelivery); ``dead_letter_topic``: default ``"<topic>-<subscription>-DLQ"``
+    ``max_redeliver_count`` (>= 1): as Pulsar's ConsumerImpl, a message is
+    still delivered with a redelivery count equal to it; one that arrives with
+    a redelivery count above it is published to the dead-letter topic and
+    acknowledged instead of being delivered, so the application sees it at
+    most ``max_redeliver_count + 1`` times (if the publish fails, it is
+    redelivered after ``negative_ack_redelivery_delay_ms`` and tried again);
+    ``dead_letter_topic``: default ``"<topic>-<subscription>-DLQ"``
     (topic = the full, partitioned-parent name); ``initial_subscription_name``:
     subscription created on the dead-letter topic before the first message is
     published there, so none is lost.  Raises ``InvalidConfiguration``.

@@ -23,10 +23,12 @@ import grpc
 from client.ack_grouping import AcknowledgmentsGroupingTracker
 from client.consumer_config import ConsumerConfig, ConsumerType
 from client.dead_letter import DeadLetterPublisher
+from client.entry_format import peek_metadata
 from client.entry_splitter import EntrySplitter, StartFilter
-from client.errors import AlreadyClosed, ConnectError, PulsarException, Timeout, error_from_status
+from client.errors import (AlreadyClosed, ConnectError, CorruptedMessage, PulsarException, Timeout,
+                           error_from_status)
 from client.message import Message
-from client.message_id import MessageId
+from client.message_id import MessageId, chunk_message_ids
 from client.receiver_queue import FlowPermits, ReceiverQueue
 from client.redelivery_trackers import NegativeAcksTracker, UnAckedMessageTracker
 from proto import broker_pb2 as pb
@@ -77,8 +79,9 @@ class ConsumerImpl:
     ``queue``: receive queue (shared by a multi-topic consumer's children;
     default: own); ``topic_in_ids``: message ids are ``TopicMessageId``;
     ``durable`` False for a Reader, which starts at ``start_message_id``
-    (``start_inclusive``) and, after a reconnection, right after the last
-    message it handed out; ``dead_letter``: publisher of the dead-letter
+    (``start_inclusive``) and, after a reconnection, at the first message it
+    dropped from its queue, else right after the last message it handed out
+    (Pulsar's clearReceiverQueue), never at "latest" again; ``dead_letter``: publisher of the dead-letter
     topic (required when ``conf.dead_letter_policy`` is set);
     ``on_failed(impl, exc)``: called when the consumer gives up reconnecting.
     """
@@ -130,6 +133,12 @@ class ConsumerImpl:
         self._pending_flow = 0
         self._pending_redeliver: dict[MessageId, None] = {}
         self._redeliver_all = False
+        # PIP-84 consumer epoch of the current stream: raised by a redeliver-all on
+        # Exclusive/Failover; frames of an older epoch are dropped.  A stream starts at 0
+        # on both sides (its frames cannot reach another stream).
+        self._epoch = 0
+        self._ack_receipts: dict[int, int] = {}   # ack request id -> in-flight token of the tracker
+        self._ack_token_frames: dict[int, int] = {}  # in-flight token -> frames not answered yet
         self._background: set[asyncio.Task] = set()
         self._run_task: asyncio.Task | None = None
         self._maintenance_task: asyncio.Task | None = None
@@ -152,12 +161,12 @@ class ConsumerImpl:
                            metadata=conf.properties or {})
         if not self.durable:
             start, inclusive = self._start_id or MessageId.latest, self._start_inclusive
-            if self.last_dequeued is not None:
-                start, inclusive = self.last_dequeued, False
             if start.batch_index >= 0:  # the broker knows entries: start at it, skip earlier indexes here
                 self.splitter.start_filter = StartFilter(start.ledger_id, start.entry_id,
                                                          start.batch_index + (0 if inclusive else 1))
                 inclusive = True
+            else:
+                self.splitter.start_filter = None
             sub.start_message_id.CopyFrom(_position(start))
             sub.start_message_id_inclusive = inclusive
         return pb.ConsumerRequest(subscribe=sub)
@@ -178,24 +187,39 @@ class ConsumerImpl:
                 if kind == "error":
                     raise error_from_status(resp.error.error, resp.error.message)
                 self._handle(resp)
+            self._epoch = 0
+            self._pending_flow = 0
+            self._pending_redeliver.clear()
+            self._redeliver_all = False
+            # Acks still pending (kept across the reconnection, Pulsar) leave before the first
+            # Flow: the broker applies them before it dispatches anything on this stream, so
+            # it does not redeliver what the application already acknowledged.
+            for ack in self._take_acks():
+                await asyncio.wait_for(call.write(pb.ConsumerRequest(ack=ack)), timeout)
+            await asyncio.wait_for(call.write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial()))),
+                                   timeout)
         except grpc.aio.AioRpcError as e:
-            call.cancel()
+            self._connect_failed(call)
             raise error_from_status(e.code(), e.details()) from None
         except asyncio.TimeoutError:
-            call.cancel()
+            self._connect_failed(call)
             raise Timeout(f"subscribing to {self.topic} took more than {timeout} s") from None
         except BaseException:
-            call.cancel()
+            self._connect_failed(call)
             raise
         self._call = call
-        self._pending_flow = 0
-        self._pending_redeliver.clear()
-        self._redeliver_all = False
         self._connected.set()
-        await self._write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial())))
-        if self.tracker.has_pending():
+
+    def _connect_failed(self, call) -> None:
+        call.cancel()
+        self._requeue_acks()
+
+    def _requeue_acks(self) -> None:
+        """The stream broke: acks not confirmed by the broker are pending again."""
+        self._ack_receipts.clear()
+        self._ack_token_frames.clear()
+        if self.tracker.requeue_in_flight(now_ms()):
             self._flush_now = True
-            self._wake.set()
 
     async def _run(self) -> None:
         """Read the stream; on a break, reconnect with backoff."""
@@ -211,7 +235,10 @@ class ConsumerImpl:
             except grpc.aio.AioRpcError as e:
                 error = error_from_status(e.code(), e.details())
             except asyncio.CancelledError:
-                raise
+                if asyncio.current_task().cancelling():
+                    raise
+                # the call was cancelled locally (grpc.aio cancels it when a write is cancelled)
+                error = ConnectError("consumer stream cancelled")
             except Exception as e:  # noqa: BLE001 - keep the consumer alive, reconnect
                 log.exception("[%s][%s] consumer stream failed", self.topic, self.conf.subscription_name)
                 error = ConnectError(str(e))
@@ -231,9 +258,27 @@ class ConsumerImpl:
         for fut in self._requests.values():
             if not fut.done():
                 fut.set_exception(ConnectError(f"connection to the broker lost: {error}"))
+        self._requeue_acks()
         # As Pulsar's clearReceiverQueue: drop what was not handed out; the broker redelivers it.
-        self.queue.remove_if(lambda m: m._consumer is self)
-        self.splitter.clear()
+        removed = self.queue.remove_if(lambda m: m._consumer is self)
+        chunks = self.splitter.clear()
+        if not self.durable:
+            self._restart_after_clear(removed, chunks)
+
+    def _restart_after_clear(self, removed: list[Message], chunks: list[MessageId]) -> None:
+        """A non-durable consumer (Reader) restarts from the first message it
+        dropped (the first chunk of a chunked one, or of an incomplete chunked
+        message), else right after the last one handed to the application,
+        else where it started (Pulsar's clearReceiverQueue): never from
+        "latest" again, which would skip what it had received."""
+        first = [m._chunk_ids[0] if m._chunk_ids else m.message_id() for m in removed[:1]] + chunks
+        if first:
+            start = min(first)
+            self._start_id = MessageId(start.ledger_id, start.entry_id, self.partition, start.batch_index,
+                                       start.batch_size)
+            self._start_inclusive = True
+        elif self.last_dequeued is not None:
+            self._start_id, self._start_inclusive = self.last_dequeued, False
 
     async def _reconnect(self) -> bool:
         backoff = Backoff(0.1, 30.0)
@@ -270,8 +315,15 @@ class ConsumerImpl:
         if self.closed:
             return
         self.closed = True
-        if self._maintenance_task is not None:
-            self._maintenance_task.cancel()
+        maintenance = self._maintenance_task
+        if maintenance is not None and not maintenance.done():
+            # Let it finish its pass rather than cancel it: cancelling a coroutine that is
+            # writing to a grpc.aio stream cancels the whole call.
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(maintenance), _CLOSE_GRACE_S)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing anyway
+                pass
         call = self._call
         if call is not None and flush:
             try:
@@ -283,6 +335,10 @@ class ConsumerImpl:
                     await asyncio.wait_for(call.done_writing(), _CLOSE_GRACE_S)
                 if self._run_task is not None:
                     await asyncio.wait_for(asyncio.shield(self._run_task), _CLOSE_GRACE_S)
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise  # close() itself is cancelled
+                log.debug("[%s] consumer stream was cancelled while closing", self.topic)
             except Exception as e:  # noqa: BLE001 - timeouts, a broken stream: we are closing anyway
                 log.debug("[%s] consumer stream did not end cleanly: %r", self.topic, e)
         for task in (self._run_task, self._maintenance_task, *self._background):
@@ -310,6 +366,11 @@ class ConsumerImpl:
                 await call.write(request)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
             raise ConnectError(f"consumer stream of {self.topic} is broken: {e}") from None
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+            # grpc.aio raises CancelledError on a call cancelled under us (stream replaced)
+            raise ConnectError(f"consumer stream of {self.topic} was cancelled") from None
 
     async def _wait_connected(self) -> None:
         if self.closed:
@@ -356,9 +417,20 @@ class ConsumerImpl:
     def _handle(self, resp: pb.ConsumerResponse) -> None:
         kind = resp.WhichOneof("response")
         if kind == "messages":
-            self._on_entries(resp.messages.entries)
+            batch = resp.messages
+            if batch.consumer_epoch < self._epoch:
+                self._drop_stale(batch.entries)
+            else:
+                self._on_entries(batch.entries)
         elif kind in ("success", "error"):
             body = getattr(resp, kind)
+            token = self._ack_receipts.pop(body.request_id, None)
+            if token is not None:
+                self._ack_answered(token)
+                if kind == "error" and body.request_id not in self._requests:
+                    log.warning("[%s][%s] broker refused an acknowledgment: %s: %s", self.topic,
+                                self.conf.subscription_name, body.error, body.message)
+                    return
             fut = self._requests.get(body.request_id)
             if fut is not None and not fut.done():
                 if kind == "success":
@@ -387,11 +459,14 @@ class ConsumerImpl:
             skipped += result.skipped
             for mid in result.ack:
                 ack_flush |= self.tracker.add_individual(mid, now)
-            for mid in result.redeliver:
-                self._pending_redeliver[mid.entry_id_only()] = None
+            if result.redeliver and self.unacked is not None:
+                # Dropped incomplete chunks: ack-timeout tracking, not an immediate redelivery
+                # (Pulsar's trackMessage); without an ack timeout they wait for a reconnection.
+                for mid in result.redeliver:
+                    self.unacked.add(mid.entry_id_only(), now)
             if not result.messages:
                 continue
-            if policy is not None and entry.redelivery_count >= policy.max_redeliver_count \
+            if policy is not None and entry.redelivery_count > policy.max_redeliver_count \
                     and self._dead_letter is not None:
                 skipped += len(result.messages)
                 for msg in result.messages:
@@ -402,7 +477,7 @@ class ConsumerImpl:
             deliver.extend(result.messages)
         if deliver:
             self.queue.put_many(deliver)
-        wake = ack_flush or bool(self._pending_redeliver)
+        wake = ack_flush
         if ack_flush:
             self._flush_now = True
         if skipped:
@@ -410,16 +485,33 @@ class ConsumerImpl:
         if wake or self.tracker.has_pending():
             self._wake.set()
 
+    def _drop_stale(self, entries) -> None:
+        """A frame dispatched before our last redeliver-all (older consumer
+        epoch, PIP-84): its entries come again from the rewound cursor, so drop
+        them and give their permits back (Pulsar: isValidConsumerEpoch, then
+        increaseAvailablePermits).  Rare: metadata is peeked only here."""
+        count = 0
+        for entry in entries:
+            try:
+                md = peek_metadata(entry.headers_and_payload)
+                count += max(1, md.num_messages_in_batch) if md.HasField("num_messages_in_batch") else 1
+            except CorruptedMessage:
+                count += 1
+        if self._return_permits(count):
+            self._wake.set()
+
     async def _dead_letter_one(self, msg: Message) -> None:
         try:
             await self._dead_letter.publish(msg)
         except Exception as e:  # noqa: BLE001 - retried through a redelivery
-            log.warning("[%s][%s] publishing %s to the dead-letter topic %s failed (%s); redelivering it",
-                        self.topic, self.conf.subscription_name, msg.message_id(), self._dead_letter.topic, e)
+            log.warning("[%s][%s] publishing %s to the dead-letter topic %s failed (%s); redelivering it "
+                        "after the negative-ack delay", self.topic, self.conf.subscription_name,
+                        msg.message_id(), self._dead_letter.topic, e)
             if not self.closed:
-                for p in msg._entry_positions():
-                    self._pending_redeliver[p] = None
-                self._wake.set()
+                # Redelivered like a negative ack (Exclusive/Failover: everything unacknowledged,
+                # queue cleared, new epoch), after the delay: a dead-letter topic that keeps
+                # failing does not make the consumer spin.
+                self.negative_ack(msg.message_id(), msg)
             return
         self.ack_individual(msg.message_id(), msg)
 
@@ -466,9 +558,12 @@ class ConsumerImpl:
         if self.closed:
             return
         was_pending = self.tracker.has_pending()
-        flush = self.tracker.add_individual(mid, now_ms(), msg._chunk_ids if msg is not None else None)
+        chunk_ids = msg._chunk_ids if msg is not None else chunk_message_ids(mid)
+        flush = self.tracker.add_individual(mid, now_ms(), chunk_ids)
         if self.unacked is not None:
             self.unacked.remove(mid)
+            for cid in chunk_ids or ():  # chunks once dropped and tracked for the ack timeout
+                self.unacked.remove(cid.entry_id_only())
         self._after_ack(was_pending, flush)
 
     def ack_cumulative(self, mid: MessageId) -> None:
@@ -486,20 +581,55 @@ class ConsumerImpl:
         if self.closed:
             return
         first = len(self.nacks) == 0
-        positions = msg._entry_positions() if msg is not None else None
+        if msg is not None:
+            positions = msg._entry_positions()
+        else:
+            positions = tuple(c.entry_id_only() for c in chunk_message_ids(mid)) or None
         self.nacks.add(mid, now_ms(), positions)
         if self.unacked is not None:
             self.unacked.remove(mid)
         if first:
             self._wake.set()
 
+    def _take_acks(self) -> list[pb.Ack]:
+        """The pending acks as frames, each with a request id: they stay in
+        flight in the tracker (filtering redeliveries) until the broker answers,
+        and are pending again if the stream breaks first."""
+        token, frames = self.tracker.flush_in_flight()
+        if frames:
+            for ack in frames:
+                ack.request_id = rid = next(self._request_ids)
+                self._ack_receipts[rid] = token
+            self._ack_token_frames[token] = len(frames)
+        return frames
+
+    def _ack_answered(self, token: int) -> None:
+        left = self._ack_token_frames.get(token, 1) - 1
+        if left > 0:
+            self._ack_token_frames[token] = left
+        else:
+            self._ack_token_frames.pop(token, None)
+            self.tracker.confirm(token)
+
     async def _flush_acks_and_wait(self) -> None:
-        frames = self.tracker.flush()
-        waits = []
+        frames = self._take_acks()
+        if not frames:
+            return
+        futs = []
         for ack in frames:
-            waits.append(self._request(ack=ack))
-        if waits:
-            await asyncio.gather(*waits)
+            fut = self._loop.create_future()
+            self._requests[ack.request_id] = fut
+            futs.append(fut)
+        try:
+            for ack in frames:
+                await self._write(pb.ConsumerRequest(ack=ack))
+            await asyncio.wait_for(asyncio.gather(*futs), self._client.operation_timeout_seconds)
+        except asyncio.TimeoutError:
+            raise Timeout(f"acknowledgment on {self.topic}: no answer within "
+                          f"{self._client.operation_timeout_seconds} s") from None
+        finally:
+            for ack in frames:
+                self._requests.pop(ack.request_id, None)
 
     async def flush_acks_and_wait(self) -> None:
         """Send every pending ack now and wait for the broker's CommandSuccess
@@ -509,13 +639,19 @@ class ConsumerImpl:
 
     def redeliver_unacknowledged(self, positions: list[MessageId] | None = None) -> None:
         """Pulsar's redeliverUnacknowledgedMessages: ``positions`` (entry ids) or,
-        when None or on Exclusive/Failover (where order matters), everything
-        unacknowledged.  Messages still queued for them are dropped and their
-        permits given back."""
+        when None or on Exclusive/Failover (where order matters: Pulsar's
+        redeliverUnacknowledgedMessages(Set) turns into the redeliver-all
+        there), everything unacknowledged.  Messages still queued for them are
+        dropped and their permits given back.  A redeliver-all on
+        Exclusive/Failover starts a new consumer epoch (PIP-84): frames the
+        broker dispatched before it are dropped on arrival."""
         if self.closed:
             return
         if positions is None or self.conf.consumer_type.allows_cumulative_ack:
             removed = self.queue.remove_if(lambda m: m._consumer is self)
+            if self.conf.consumer_type.allows_cumulative_ack:
+                self._epoch += 1
+                self.splitter.clear()  # the rewound cursor sends every chunk again
             self._redeliver_all = True
             self._pending_redeliver.clear()
             if self.unacked is not None:
@@ -581,6 +717,14 @@ class ConsumerImpl:
         """Sends flows, grouped acks and redeliveries; fires ack timeouts,
         negative-ack delays and chunk expiry."""
         while not self.closed:
+            if self._call is None:
+                # Disconnected: nothing can be sent (pending acks wait for the next stream,
+                # which sends them first).  Do not spin on deadlines already passed.
+                try:
+                    await asyncio.wait_for(self._connected.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    pass
+                continue
             self._wake.clear()
             now = now_ms()
             if self._call is not None:
@@ -616,7 +760,8 @@ class ConsumerImpl:
             self.redeliver_unacknowledged(expired)
         if len(self.splitter.chunks):
             for mid in self.splitter.expire_chunks(now):
-                self.tracker.add_individual(mid, now)
+                if self.tracker.add_individual(mid, now):
+                    self._flush_now = True
         requests = []
         if self._pending_flow:
             requests.append(pb.ConsumerRequest(flow=pb.Flow(permits=self._pending_flow)))
@@ -624,11 +769,11 @@ class ConsumerImpl:
         due = self.tracker.flush_due_ms()
         if due is not None and (self._flush_now or now >= due):
             self._flush_now = False
-            requests.extend(pb.ConsumerRequest(ack=ack) for ack in self.tracker.flush())
+            requests.extend(pb.ConsumerRequest(ack=ack) for ack in self._take_acks())
         if self._redeliver_all:
             self._redeliver_all = False
             self._pending_redeliver.clear()
-            requests.append(pb.ConsumerRequest(redeliver=pb.RedeliverUnacknowledged()))
+            requests.append(pb.ConsumerRequest(redeliver=pb.RedeliverUnacknowledged(consumer_epoch=self._epoch)))
         elif self._pending_redeliver:
             positions = [_position(p) for p in self._pending_redeliver]
             self._pending_redeliver.clear()

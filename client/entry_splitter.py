@@ -30,8 +30,8 @@ from client.chunking import ChunkedMessageAssembler, is_chunk
 from client.compression import decompress
 from client.entry_format import decode_entry
 from client.errors import CorruptedMessage, InvalidConfiguration
-from client.message import Message, TopicMessageId
-from client.message_id import MessageId
+from client.message import Message, TopicChunkMessageId, TopicMessageId
+from client.message_id import ChunkMessageId, MessageId
 
 if TYPE_CHECKING:
     from proto.broker_pb2 import EntryMessage
@@ -48,8 +48,9 @@ class SplitResult:
 
     ``messages``: to deliver, in order; ``ack``: entry ids to acknowledge now
     (corrupt entries, markers, stale or expired chunks); ``redeliver``: chunk
-    ids to ask the broker to redeliver; ``skipped``: messages not delivered
-    (permits to give back)."""
+    ids dropped here but deliverable later (the consumer tracks them for the
+    ack timeout, as Pulsar's trackMessage); ``skipped``: messages not
+    delivered (permits to give back)."""
 
     messages: list[Message] = field(default_factory=list)
     ack: list[MessageId] = field(default_factory=list)
@@ -100,6 +101,16 @@ class EntrySplitter:
             return TopicMessageId(ledger_id, entry_id, self.partition, batch_index, batch_size, topic=self.topic)
         return MessageId(ledger_id, entry_id, self.partition, batch_index, batch_size)
 
+    def _chunk_id(self, chunk_ids: tuple[MessageId, ...]) -> MessageId:
+        """The id of a chunked message (Pulsar's ChunkMessageIdImpl): its last
+        chunk's position, carrying the first chunk's id and every chunk's."""
+        last = chunk_ids[-1]
+        if self.topic_in_ids:
+            return TopicChunkMessageId(last.ledger_id, last.entry_id, self.partition, topic=self.topic,
+                                       first_chunk_message_id=chunk_ids[0], chunk_message_ids=chunk_ids)
+        return ChunkMessageId(last.ledger_id, last.entry_id, self.partition,
+                              first_chunk_message_id=chunk_ids[0], chunk_message_ids=chunk_ids)
+
     def split(self, entry: "EntryMessage", now_ms: int) -> SplitResult:
         """Messages of one pushed entry (see the module doc).  Never raises on
         bad entry bytes: they end up in ``ack``."""
@@ -127,7 +138,7 @@ class EntrySplitter:
                 out.skipped += 1
                 return out
             payload, chunk_ids = completed.payload, tuple(completed.message_ids)
-            entry_mid = chunk_ids[-1]
+            entry_mid = self._chunk_id(chunk_ids)
         try:
             data = decompress(metadata.compression, payload, metadata.uncompressed_size)
             batch = iter_batch(metadata, data) if is_batched(metadata) else None
@@ -161,7 +172,8 @@ class EntrySplitter:
         tracker = self.tracker
         first_new = 0  # batch indexes below this one are duplicates (already acknowledged)
         if tracker is not None:
-            tracker.register_batch(ledger_id, entry_id, size, mask)
+            # the acker also knows batch-index acks the broker may not have applied yet
+            mask = tracker.register_batch(ledger_id, entry_id, size, mask).unacked_mask
             first_new = tracker.first_new_batch_index(ledger_id, entry_id)
         start_filter = self.start_filter
         full = mask == (1 << size) - 1

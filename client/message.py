@@ -13,7 +13,7 @@ from typing import Any
 
 from client.message_id import MessageId
 
-__all__ = ["Message", "TopicMessageId"]
+__all__ = ["Message", "TopicMessageId", "TopicChunkMessageId"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -38,6 +38,21 @@ class TopicMessageId(MessageId):
     def plain(self) -> MessageId:
         """The same id without the topic."""
         return MessageId(self.ledger_id, self.entry_id, self.partition, self.batch_index, self.batch_size)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TopicChunkMessageId(TopicMessageId):
+    """A chunked message's id in a multi-topic consumer: a ``TopicMessageId``
+    with the chunk ids of ``ChunkMessageId`` (``first_chunk_message_id``,
+    ``chunk_message_ids``); acknowledging it acknowledges every chunk."""
+
+    first_chunk_message_id: MessageId | None = None
+    chunk_message_ids: tuple = ()
+
+    @property
+    def last_chunk_message_id(self) -> MessageId:
+        """The last chunk's id as a plain ``MessageId``."""
+        return self.plain()
 
 
 _new = object.__new__

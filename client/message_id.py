@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from proto.pulsar_api_pb2 import MessageIdData
 
-__all__ = ["MessageId"]
+__all__ = ["MessageId", "ChunkMessageId", "chunk_message_ids"]
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT32_MAX = (1 << 31) - 1
@@ -172,6 +172,34 @@ class MessageId:
         except DecodeError as e:
             raise ValueError(f"bytes are not a serialized MessageId (MessageIdData): {e}") from None
         return cls.from_proto(msg)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChunkMessageId(MessageId):
+    """Id of a chunked message (Pulsar's ChunkMessageIdImpl): the position
+    fields are those of its LAST chunk, ``first_chunk_message_id`` is the id of
+    its first chunk, and ``chunk_message_ids`` the ids of every chunk in chunk
+    order (in memory only; Pulsar keeps them in the consumer's
+    unAckedChunkedMessageIdSequenceMap).  Acknowledging this id acknowledges
+    every chunk's entry, so the chunks leave the backlog together.
+
+    Equality, order and hash are ``MessageId``'s (the last chunk's), so it
+    equals the id the producer returned; serialized it is the last chunk's id.
+    """
+
+    first_chunk_message_id: MessageId | None = None
+    chunk_message_ids: tuple = ()
+
+    @property
+    def last_chunk_message_id(self) -> MessageId:
+        """The last chunk's id as a plain ``MessageId``."""
+        return MessageId(self.ledger_id, self.entry_id, self.partition, self.batch_index, self.batch_size)
+
+
+def chunk_message_ids(message_id: MessageId) -> tuple:
+    """Every chunk's id if ``message_id`` names a chunked message (a
+    ``ChunkMessageId`` or a multi-topic one), else ``()``."""
+    return getattr(message_id, "chunk_message_ids", ())
 
 
 _new = object.__new__

@@ -8,60 +8,158 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Optional
 
 from broker.ledger.position import Position
 from client.topic_name import TopicName
 
 from .broker_service import BrokerService
 from .errors import InvalidArgument, NotFound
+from .resources import Resources, check_name, check_subscription_name
 
 Handler = Callable[[BrokerService, dict], Awaitable[Any]]
 HANDLERS: dict[str, Handler] = {}
+SCHEMAS: dict[str, dict[str, "Arg"]] = {}
 
 
-def verb(name: str):
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One field of an admin request body: its JSON type (``expected`` names it
+    for the error message, ``is_type`` tests it), an optional ``check`` of the
+    value (raises InvalidArgument / InvalidTopicName) and whether it is required.
+    A null value counts as absent."""
+
+    expected: str
+    is_type: Callable[[Any], bool]
+    check: Optional[Callable[[str, Any], Any]] = None
+    required: bool = True
+
+    def optional(self) -> "Arg":
+        return dataclasses.replace(self, required=False)
+
+    def validated(self, check: Callable[[str, Any], Any]) -> "Arg":
+        return dataclasses.replace(self, check=check)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_STR = Arg("a string", lambda v: isinstance(v, str))
+_INT = Arg("an integer", _is_int)
+_BOOL = Arg("true or false", lambda v: isinstance(v, bool))
+_STR_LIST = Arg("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+def _check_topic(key: str, value: str) -> None:
+    TopicName.get(value)                                   # InvalidTopicName saying what is wrong
+
+
+def _check_namespace(key: str, value: str) -> None:
+    Resources._split_ns(value)                             # InvalidArgument: use tenant/namespace
+
+
+def _named(kind: str) -> Callable[[str, Any], None]:
+    def check(key: str, value: Any) -> None:
+        for name in (value if isinstance(value, list) else [value]):
+            check_name(kind, name)
+    return check
+
+
+def _check_subscription(key: str, value: str) -> None:
+    check_subscription_name(value)
+
+
+def _check_service_url(key: str, value: str) -> None:
+    from client.connection import parse_service_url
+    from client.errors import InvalidConfiguration
+    try:
+        parse_service_url(value)
+    except InvalidConfiguration as exc:
+        raise InvalidArgument(exc.message) from None
+
+
+TOPIC = _STR.validated(_check_topic)
+NAMESPACE = _STR.validated(_check_namespace)
+TENANT = _STR.validated(_named("tenant"))
+CLUSTER = _STR.validated(_named("cluster"))
+CLUSTERS = _STR_LIST.validated(_named("cluster"))
+SUBSCRIPTION = _STR.validated(_check_subscription)
+SERVICE_URL = _STR.validated(_check_service_url)
+
+
+def verb(method: str, /, **fields: Arg):
+    """Register the handler of admin ``method`` whose body has ``fields`` (checked by :func:`check_body`)."""
     def register(fn: Handler) -> Handler:
-        HANDLERS[name] = fn
+        HANDLERS[method] = fn
+        SCHEMAS[method] = fields
         return fn
     return register
 
 
-def need(body: dict, key: str, kind: type = str):
-    if key not in body:
-        raise InvalidArgument(f"missing field {key!r}")
-    value = body[key]
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise InvalidArgument(f"field {key!r} must be {kind.__name__}, got {value!r}")
-    return value
+def _json_kind(value: Any) -> str:
+    """A JSON value named for a user: 'the number 5', 'the string "5"', 'null'."""
+    if value is None:
+        return "null"
+    kind = ("true/false" if isinstance(value, bool) else "the number" if isinstance(value, (int, float))
+            else "the string" if isinstance(value, str) else "a list" if isinstance(value, list)
+            else "an object" if isinstance(value, dict) else f"a {type(value).__name__}")
+    text = json.dumps(value, default=str)
+    return f"{kind} {text[:60] + '...' if len(text) > 63 else text}"
+
+
+def check_body(method: str, body: dict) -> dict:
+    """The one place admin arguments are checked: every required field present,
+    no unknown field, each value of its JSON type and valid for its kind (topic
+    names, namespaces, tenant/cluster/subscription names, service URLs). Returns
+    the body without null fields; raises InvalidArgument / InvalidTopicName
+    naming the method, the field and what to send instead."""
+    fields = SCHEMAS[method]
+    body = {k: v for k, v in body.items() if v is not None}
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        known = ", ".join(fields) if fields else "none"
+        raise InvalidArgument(f"{method}: unknown field(s) {', '.join(map(repr, unknown))} (fields: {known})")
+    for key, arg in fields.items():
+        if key not in body:
+            if arg.required:
+                raise InvalidArgument(f"{method}: missing field {key!r} ({arg.expected})")
+            continue
+        value = body[key]
+        if not arg.is_type(value):
+            raise InvalidArgument(f"{method}: field {key!r} must be {arg.expected}, got {_json_kind(value)}")
+        if arg.check is not None:
+            arg.check(key, value)
+    return body
 
 
 async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
     """Run one admin verb; returns the JSON answer. Raises InvalidArgument for an
-    unknown verb or malformed JSON, and the handler's errors."""
-    handler = HANDLERS.get(method)
-    if handler is None:
+    unknown verb, malformed JSON or a body that does not fit the verb's fields
+    (:func:`check_body`), and the handler's errors."""
+    if not isinstance(method, str) or method not in HANDLERS:
         raise InvalidArgument(f"unknown admin method {method!r}; known: {', '.join(sorted(HANDLERS))}")
+    handler = HANDLERS[method]
     try:
         body = json.loads(body_json) if body_json else {}
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise InvalidArgument(f"admin request body is not JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise InvalidArgument("admin request body must be a JSON object")
-    result = await handler(service, body)
+        raise InvalidArgument(f"{method}: the request body must be a JSON object, got {_json_kind(body)}")
+    result = await handler(service, check_body(method, body))
     return json.dumps(result, sort_keys=True, default=str)
 
 
 # ---- clusters -----------------------------------------------------------
-@verb("clusters.create")
+@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL)
 async def _clusters_create(s: BrokerService, b: dict):
-    await s.resources.create_cluster(need(b, "name"), need(b, "service_url"))
+    await s.resources.create_cluster(b["name"], b["service_url"])
     return {"ok": True}
 
 
-@verb("clusters.update")
+@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL)
 async def _clusters_update(s: BrokerService, b: dict):
-    await s.resources.update_cluster(need(b, "name"), need(b, "service_url"))
+    await s.resources.update_cluster(b["name"], b["service_url"])
     return {"ok": True}
 
 
@@ -70,32 +168,32 @@ async def _clusters_list(s: BrokerService, b: dict):
     return await s.resources.list_clusters()
 
 
-@verb("clusters.get")
+@verb("clusters.get", name=CLUSTER)
 async def _clusters_get(s: BrokerService, b: dict):
-    return await s.resources.get_cluster(need(b, "name"))
+    return await s.resources.get_cluster(b["name"])
 
 
-@verb("clusters.delete")
+@verb("clusters.delete", name=CLUSTER)
 async def _clusters_delete(s: BrokerService, b: dict):
-    name = need(b, "name")
+    name = b["name"]
     await s.resources.delete_cluster(name)
     await s.on_cluster_deleted(name)
     return {"ok": True}
 
 
 # ---- tenants ------------------------------------------------------------
-@verb("tenants.create")
+@verb("tenants.create", tenant=TENANT, allowed_clusters=CLUSTERS.optional())
 async def _tenants_create(s: BrokerService, b: dict):
     clusters = b.get("allowed_clusters")
     if clusters is None:
         clusters = [s.config.cluster_name]
-    await s.resources.create_tenant(need(b, "tenant"), clusters)
+    await s.resources.create_tenant(b["tenant"], clusters)
     return {"ok": True}
 
 
-@verb("tenants.update")
+@verb("tenants.update", tenant=TENANT, allowed_clusters=CLUSTERS)
 async def _tenants_update(s: BrokerService, b: dict):
-    await s.resources.update_tenant(need(b, "tenant"), need(b, "allowed_clusters", list))
+    await s.resources.update_tenant(b["tenant"], b["allowed_clusters"])
     return {"ok": True}
 
 
@@ -104,37 +202,37 @@ async def _tenants_list(s: BrokerService, b: dict):
     return await s.resources.list_tenants()
 
 
-@verb("tenants.get")
+@verb("tenants.get", tenant=TENANT)
 async def _tenants_get(s: BrokerService, b: dict):
-    return await s.resources.get_tenant(need(b, "tenant"))
+    return await s.resources.get_tenant(b["tenant"])
 
 
-@verb("tenants.delete")
+@verb("tenants.delete", tenant=TENANT)
 async def _tenants_delete(s: BrokerService, b: dict):
-    await s.resources.delete_tenant(need(b, "tenant"))
+    await s.resources.delete_tenant(b["tenant"])
     return {"ok": True}
 
 
 # ---- namespaces ---------------------------------------------------------
-@verb("namespaces.create")
+@verb("namespaces.create", namespace=NAMESPACE)
 async def _ns_create(s: BrokerService, b: dict):
-    await s.resources.create_namespace(need(b, "namespace"))
+    await s.resources.create_namespace(b["namespace"])
     return {"ok": True}
 
 
-@verb("namespaces.list")
+@verb("namespaces.list", tenant=TENANT)
 async def _ns_list(s: BrokerService, b: dict):
-    return await s.resources.list_namespaces(need(b, "tenant"))
+    return await s.resources.list_namespaces(b["tenant"])
 
 
-@verb("namespaces.policies")
+@verb("namespaces.policies", namespace=NAMESPACE)
 async def _ns_policies(s: BrokerService, b: dict):
-    return dataclasses.asdict(await s.resources.get_policies(need(b, "namespace")))
+    return dataclasses.asdict(await s.resources.get_policies(b["namespace"]))
 
 
-@verb("namespaces.delete")
+@verb("namespaces.delete", namespace=NAMESPACE)
 async def _ns_delete(s: BrokerService, b: dict):
-    ns = need(b, "namespace")
+    ns = b["namespace"]
     if await s.list_topics(ns):
         from .errors import PreconditionFailed
         raise PreconditionFailed(f"namespace {ns} still has topics; delete them first")
@@ -150,10 +248,10 @@ async def _update_policies(s: BrokerService, namespace: str, **changes) -> dict:
     return dataclasses.asdict(policies)
 
 
-@verb("namespaces.set_deduplication")
+@verb("namespaces.set_deduplication", namespace=NAMESPACE, enabled=_BOOL)
 async def _ns_dedup(s: BrokerService, b: dict):
-    ns = need(b, "namespace")
-    enabled = need(b, "enabled", bool)
+    ns = b["namespace"]
+    enabled = b["enabled"]
     result = await _update_policies(s, ns, deduplication_enabled=enabled)
     for topic in list(s.topics.values()):
         if topic.name.namespace == ns:
@@ -161,10 +259,10 @@ async def _ns_dedup(s: BrokerService, b: dict):
     return result
 
 
-@verb("namespaces.set_clusters")
+@verb("namespaces.set_clusters", namespace=NAMESPACE, clusters=CLUSTERS)
 async def _ns_clusters(s: BrokerService, b: dict):
-    ns = need(b, "namespace")
-    clusters = need(b, "clusters", list)
+    ns = b["namespace"]
+    clusters = b["clusters"]
     tenant = await s.resources.get_tenant(ns.split("/")[0])
     known = set(await s.resources.list_clusters())
     unknown = [c for c in clusters if c not in known]
@@ -179,19 +277,21 @@ async def _ns_clusters(s: BrokerService, b: dict):
     return await _update_policies(s, ns, replication_clusters=list(clusters))
 
 
-@verb("namespaces.set_message_ttl")
+@verb("namespaces.set_message_ttl", namespace=NAMESPACE, ttl_seconds=_INT)
 async def _ns_ttl(s: BrokerService, b: dict):
-    ttl = need(b, "ttl_seconds", int)
+    ttl = b["ttl_seconds"]
     if ttl < 0:
         raise InvalidArgument("ttl_seconds must be >= 0")
-    return await _update_policies(s, need(b, "namespace"), message_ttl_in_seconds=ttl)
+    return await _update_policies(s, b["namespace"], message_ttl_in_seconds=ttl)
 
 
-@verb("namespaces.set_retention")
+@verb("namespaces.set_retention", namespace=NAMESPACE, retention_time_minutes=_INT, retention_size_mb=_INT)
 async def _ns_retention(s: BrokerService, b: dict):
-    t = need(b, "retention_time_minutes", int)
-    size = need(b, "retention_size_mb", int)
-    result = await _update_policies(s, need(b, "namespace"), retention_time_in_minutes=t, retention_size_in_mb=size)
+    t = b["retention_time_minutes"]
+    size = b["retention_size_mb"]
+    if t < -1 or size < -1:
+        raise InvalidArgument("retention_time_minutes and retention_size_mb must be >= -1 (-1 = infinite, 0 = none)")
+    result = await _update_policies(s, b["namespace"], retention_time_in_minutes=t, retention_size_in_mb=size)
     for topic in list(s.topics.values()):
         if topic.name.namespace == b["namespace"]:
             topic.ml.config.default_retention_time_in_minutes = t
@@ -201,10 +301,10 @@ async def _ns_retention(s: BrokerService, b: dict):
 
 # ---- topics ---------------------------------------------------------------
 def _topic(b: dict) -> TopicName:
-    return TopicName.get(need(b, "topic"))
+    return TopicName.get(b["topic"])
 
 
-@verb("topics.create")
+@verb("topics.create", topic=TOPIC)
 async def _topics_create(s: BrokerService, b: dict):
     tn = _topic(b)
     if await s.metadata.exists(f"/managed-ledgers/{tn.persistence_naming}"):
@@ -214,30 +314,33 @@ async def _topics_create(s: BrokerService, b: dict):
     return {"ok": True}
 
 
-@verb("topics.create_partitioned")
+@verb("topics.create_partitioned", topic=TOPIC, partitions=_INT)
 async def _topics_create_partitioned(s: BrokerService, b: dict):
     tn = _topic(b)
     if tn.is_partition:
         raise InvalidArgument(f"{tn} names a partition; give the partitioned topic's name")
     await s.namespace_policies(tn.namespace)
-    partitions = need(b, "partitions", int)
+    partitions = b["partitions"]
+    if await s.metadata.exists(f"/managed-ledgers/{tn.persistence_naming}"):
+        from .errors import AlreadyExists
+        raise AlreadyExists(f"{tn} already exists as a non-partitioned topic; delete it first or use another name")
     await s.resources.create_partitioned_topic(tn.persistence_naming, partitions)
     return {"ok": True, "partitions": partitions}
 
 
-@verb("topics.partitioned_metadata")
+@verb("topics.partitioned_metadata", topic=TOPIC)
 async def _topics_pmeta(s: BrokerService, b: dict):
     return {"partitions": await s.resources.get_partitions(_topic(b).persistence_naming)}
 
 
-@verb("topics.list")
+@verb("topics.list", namespace=NAMESPACE)
 async def _topics_list(s: BrokerService, b: dict):
-    return await s.list_topics(need(b, "namespace"))
+    return await s.list_topics(b["namespace"])
 
 
-@verb("topics.list_partitioned")
+@verb("topics.list_partitioned", namespace=NAMESPACE)
 async def _topics_list_partitioned(s: BrokerService, b: dict):
-    ns = need(b, "namespace")
+    ns = b["namespace"]
     return [f"persistent://{ns}/{n}" for n in await s.resources.list_partitioned_topics(ns)]
 
 
@@ -245,7 +348,7 @@ async def _existing(s: BrokerService, tn: TopicName):
     return await s.get_topic(tn, create=False)
 
 
-@verb("topics.stats")
+@verb("topics.stats", topic=TOPIC)
 async def _topics_stats(s: BrokerService, b: dict):
     tn = _topic(b)
     partitions = await s.resources.get_partitions(tn.persistence_naming)
@@ -260,42 +363,43 @@ async def _topics_stats(s: BrokerService, b: dict):
     return (await _existing(s, tn)).stats()
 
 
-@verb("topics.internal_stats")
+@verb("topics.internal_stats", topic=TOPIC)
 async def _topics_internal_stats(s: BrokerService, b: dict):
     return (await _existing(s, _topic(b))).internal_stats()
 
 
-@verb("topics.delete")
+@verb("topics.delete", topic=TOPIC, force=_BOOL.optional())
 async def _topics_delete(s: BrokerService, b: dict):
-    await s.delete_topic(need(b, "topic"), force=bool(b.get("force", False)))
+    await s.delete_topic(b["topic"], force=b.get("force", False))
     return {"ok": True}
 
 
-@verb("topics.unload")
+@verb("topics.unload", topic=TOPIC)
 async def _topics_unload(s: BrokerService, b: dict):
-    await s.unload_topic(need(b, "topic"))
+    await s.unload_topic(b["topic"])
     return {"ok": True}
 
 
-@verb("topics.subscriptions")
+@verb("topics.subscriptions", topic=TOPIC)
 async def _topics_subs(s: BrokerService, b: dict):
     return sorted((await _existing(s, _topic(b))).subscriptions)
 
 
-@verb("topics.unsubscribe")
+@verb("topics.unsubscribe", topic=TOPIC, subscription=SUBSCRIPTION)
 async def _topics_unsub(s: BrokerService, b: dict):
     topic = await _existing(s, _topic(b))
-    sub = topic.subscriptions.get(need(b, "subscription"))
+    sub = topic.subscriptions.get(b["subscription"])
     if sub is None:
         raise NotFound(f"subscription {b['subscription']} does not exist on {topic.name}")
     await sub.unsubscribe()
     return {"ok": True}
 
 
-@verb("topics.reset_cursor")
+@verb("topics.reset_cursor", topic=TOPIC, subscription=SUBSCRIPTION, message_id=_STR.optional(),
+      timestamp_ms=_INT.optional())
 async def _topics_reset(s: BrokerService, b: dict):
     topic = await _existing(s, _topic(b))
-    sub = topic.subscriptions.get(need(b, "subscription"))
+    sub = topic.subscriptions.get(b["subscription"])
     if sub is None:
         raise NotFound(f"subscription {b['subscription']} does not exist on {topic.name}")
     if "message_id" in b:
@@ -305,17 +409,17 @@ async def _topics_reset(s: BrokerService, b: dict):
             raise InvalidArgument(str(exc)) from None
     elif "timestamp_ms" in b:
         from .seek import find_position_by_publish_time
-        pos = await find_position_by_publish_time(topic.ml, need(b, "timestamp_ms", int))
+        pos = await find_position_by_publish_time(topic.ml, b["timestamp_ms"])
     else:
         raise InvalidArgument("give message_id ('ledger:entry') or timestamp_ms")
     await sub.reset_cursor(pos)
     return {"ok": True, "position": str(pos)}
 
 
-@verb("topics.set_replication_clusters")
+@verb("topics.set_replication_clusters", topic=TOPIC, clusters=CLUSTERS)
 async def _topics_set_repl(s: BrokerService, b: dict):
     tn = _topic(b)
-    clusters = need(b, "clusters", list)
+    clusters = b["clusters"]
     policies = await s.namespace_policies(tn.namespace)
     known = set(await s.resources.list_clusters())
     unknown = [c for c in clusters if c not in known]
@@ -329,14 +433,16 @@ async def _topics_set_repl(s: BrokerService, b: dict):
     return tp
 
 
-@verb("topics.inject_send_failure")
+@verb("topics.inject_send_failure", topic=TOPIC, count=_INT)
 async def _topics_inject(s: BrokerService, b: dict):
     """Refuse the next ``count`` sends to a topic (only with enable_fault_injection)."""
     if not s.config.enable_fault_injection:
         from .errors import PreconditionFailed
         raise PreconditionFailed("fault injection is off; start the broker with enable_fault_injection = true")
+    if b["count"] < 0:
+        raise InvalidArgument("count must be >= 0")
     topic = await s.get_topic(_topic(b), create=True)
-    topic.fail_next_sends = need(b, "count", int)
+    topic.fail_next_sends = b["count"]
     return {"ok": True}
 
 

@@ -14,7 +14,7 @@ from broker.metadata import MetadataStore
 from client.errors import NotAllowed, TopicNotFound
 from client.topic_name import TopicName
 
-from .errors import NotFound
+from .errors import NotFound, ServiceNotReady
 from .resources import Policies, Resources
 from .topic import PersistentTopic
 
@@ -33,6 +33,9 @@ class BrokerService:
         self.ml_factory = ManagedLedgerFactory(metadata, bk, config.managed_ledger_config())
         self.topics: dict[str, PersistentTopic] = {}
         self._loading: dict[str, asyncio.Task] = {}
+        # Topics being closed (unload, fenced ledger) or deleted: no load meanwhile, so a
+        # lookup never opens a managed ledger that is still closing or being deleted.
+        self._closing: set[str] = set()
         self.rates: dict[str, dict] = {}
         self._stats_task: Optional[asyncio.Task] = None
         self._last_counters: dict[str, tuple] = {}
@@ -77,6 +80,8 @@ class BrokerService:
         loaded = self.topics.get(key)
         if loaded is not None and not loaded.closed:
             return loaded
+        if key in self._closing:
+            raise ServiceNotReady(f"topic {tn} is being unloaded or deleted on this broker; retry")
         task = self._loading.get(key)
         if task is None:
             task = self._loading[key] = asyncio.create_task(self._load_topic(tn, create))
@@ -92,10 +97,17 @@ class BrokerService:
             raise NotAllowed(f"{tn} is a partitioned topic: produce/consume on its partitions "
                              f"({tn}-partition-N); the client does this for you")
         exists = await self.metadata.exists(f"/managed-ledgers/{tn.persistence_naming}")
+        parent_partitions = await self.resources.get_partitions(tn.partitioned_topic_name.persistence_naming) \
+            if tn.is_partition else 0
+        in_range = tn.is_partition and tn.partition_index < parent_partitions
+        if parent_partitions > 0 and not in_range and (create or not exists):
+            # Pulsar's BrokerService.getTopic: a partition beyond the partitioned topic's count would
+            # store messages that no partitioned producer or consumer ever sees. Only an admin call on
+            # such a topic that already exists (stats, delete: create=False) may still load it.
+            raise NotAllowed(f"Illegal topic partition name {tn}: {tn.partitioned_topic_name} has "
+                             f"{parent_partitions} partitions (indexes 0..{parent_partitions - 1}); use the "
+                             f"partitioned topic's name, or one of its partitions")
         if not exists:
-            parent_partitions = await self.resources.get_partitions(tn.partitioned_topic_name.persistence_naming) \
-                if tn.is_partition else 0
-            in_range = tn.is_partition and tn.partition_index < parent_partitions
             if not in_range and (not create or not self.config.allow_auto_topic_creation):
                 raise TopicNotFound(f"topic {tn} does not exist and auto-creation is "
                                     f"{'off' if not self.config.allow_auto_topic_creation else 'not asked'}; "
@@ -125,19 +137,29 @@ class BrokerService:
         """Hook for geo-replication (closes replicators to the deleted cluster)."""
 
     async def unload_topic(self, topic: str) -> None:
+        """Close a loaded topic (PersistentTopic.close): producers and consumers are
+        disconnected and look it up again. Raises NotFound when it is not loaded."""
         tn = TopicName.get(topic)
-        loaded = self.topics.pop(str(tn), None)
+        loaded = self.topics.get(str(tn))
         if loaded is None:
             raise NotFound(f"topic {tn} is not loaded on this broker")
-        await loaded.close()
+        await self._close_topic(loaded, loaded.close)
+
+    async def _close_topic(self, topic: PersistentTopic, how) -> None:
+        key = str(topic.name)
+        self._closing.add(key)
+        try:
+            await how()
+        finally:
+            if self.topics.get(key) is topic:
+                del self.topics[key]
+            self._closing.discard(key)
 
     async def close_fenced_topic(self, topic: PersistentTopic) -> None:
         """Unload a topic whose managed ledger was fenced by another owner; the next
         lookup loads it again (and recovers its ledgers)."""
-        if self.topics.get(str(topic.name)) is topic:
-            del self.topics[str(topic.name)]
         try:
-            await topic.close()
+            await self._close_topic(topic, topic.close)
         except Exception as exc:  # noqa: BLE001 - the ledger is unusable anyway
             log.warning("closing fenced topic %s: %s", topic.name, exc)
 
@@ -160,8 +182,7 @@ class BrokerService:
         if not force and (topic.producers or any(s.consumers for s in topic.subscriptions.values())):
             from .errors import PreconditionFailed
             raise PreconditionFailed(f"topic {tn} has connected producers or consumers; use --force")
-        self.topics.pop(str(tn), None)
-        await topic.delete()
+        await self._close_topic(topic, topic.delete)
 
     async def list_topics(self, namespace: str) -> list[str]:
         """Every persistent topic of a namespace (partitions listed individually)."""

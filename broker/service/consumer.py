@@ -34,7 +34,8 @@ class Consumer:
     ``permits``: messages it can still take (Flow adds, dispatch subtracts the
     entry's message count). ``pending_acks``: position -> message count of every
     entry pushed and not acknowledged yet. ``send`` queues a ConsumerResponse on
-    the consumer's stream (never blocks).
+    the consumer's stream (never blocks). ``epoch``: PIP-84 consumer epoch, put
+    on every MessageBatch (see ``set_epoch``).
     """
 
     def __init__(self, name: str, priority_level: int, send: Callable[[pb.ConsumerResponse], None],
@@ -53,6 +54,18 @@ class Consumer:
         self.bytes_out_counter = 0
         self.msg_redeliver_counter = 0
         self.closed = False
+        # PIP-84 consumer epoch: raised by a RedeliverUnacknowledged (redeliver-all on
+        # Exclusive/Failover); every MessageBatch carries it so the client drops frames
+        # dispatched before its redeliver-all. Per stream: a new stream starts at 0.
+        self.epoch = 0
+        self.on_disconnect: Optional[Callable[[], None]] = None   # set by the transport: ends the stream
+
+    def disconnect(self) -> None:
+        """Close this consumer and end its stream (topic unload/delete: the client
+        reconnects and looks the topic up again; Pulsar's Consumer.disconnect)."""
+        self.closed = True
+        if self.on_disconnect is not None:
+            self.on_disconnect()
 
     @property
     def blocked(self) -> bool:
@@ -66,6 +79,8 @@ class Consumer:
                      ack_set_for: Callable[[Position], Optional[list[int]]]) -> None:
         """Push entries in one MessageBatch frame and track them as pending acks."""
         batch = pb.MessageBatch()
+        if self.epoch:
+            batch.consumer_epoch = self.epoch
         for item in items:
             msg = batch.entries.add(position=pb.Position(ledger_id=item.position.ledger_id,
                                                          entry_id=item.position.entry_id),
@@ -81,6 +96,13 @@ class Consumer:
             self.msg_out_counter += item.num_messages
             self.bytes_out_counter += len(item.data)
         self._send(pb.ConsumerResponse(messages=batch))
+
+    def set_epoch(self, epoch: int) -> None:
+        """A redeliver-all carried the client's epoch: only ever raise ours
+        (PersistentDispatcherSingleActiveConsumer.internalRedeliverUnacknowledgedMessages).
+        Entries pushed from now on carry it; those queued before keep the old one."""
+        if epoch > self.epoch:
+            self.epoch = epoch
 
     def acked(self, position: Position) -> None:
         n = self.pending_acks.pop(position, None)

@@ -7,6 +7,10 @@ One class per subscription type, as Pulsar's broker:
   Failover picks the active one by priority level, then name (for partition N of
   a partitioned topic: the N-th modulo the count), and on a change the cursor
   rewinds to the mark-delete position so the new one gets everything unacked.
+  A redelivery is always a redeliver-all (rewind), asked only by the active
+  consumer; it carries the client's new consumer epoch (PIP-84), which the
+  consumer puts on every frame it pushes afterwards, so the client can drop
+  the frames pushed before the rewind.
 * ``MultipleConsumersDispatcher`` (Shared; PersistentDispatcherMultipleConsumers):
   round robin over consumers with permits; redeliveries (messagesToRedeliver)
   go first.
@@ -106,6 +110,10 @@ class Dispatcher:
                 if count:
                     self.subscription.redelivery_counts[pos] = self.subscription.redelivery_counts.get(pos, 0) + 1
         self.wake()
+
+    def accepts_redeliver_all(self, consumer: Consumer) -> bool:
+        """Whether ``consumer`` may ask for everything unacknowledged again."""
+        return True
 
     def reset(self) -> None:
         """Forget in-flight state after a seek/reset: new epoch, empty replay."""
@@ -300,6 +308,11 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         if was_active:
             self.active = None
         self._update_active()
+
+    def accepts_redeliver_all(self, consumer: Consumer) -> bool:
+        # Pulsar ignores reDeliverUnAcknowledgedMessages of an inactive consumer: its
+        # rewind would resend the active consumer's messages behind that one's back.
+        return consumer is self.active
 
     def total_permits(self) -> int:
         if self.paused or self.active is None:

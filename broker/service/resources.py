@@ -20,13 +20,25 @@ from broker.metadata import MetadataStore
 
 from .errors import AlreadyExists, InvalidArgument, NotFound, PreconditionFailed
 
-_NAME = re.compile(r"^[-=:.\w]+$")
+_NAME = re.compile(r"[-=:.\w]+")
 
 
 def check_name(kind: str, name: str) -> str:
-    """Validate a tenant/namespace/cluster name; InvalidArgument otherwise."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidArgument(f"invalid {kind} name {name!r}: use letters, digits, '-', '_', '=', ':' or '.'")
+    """Validate a tenant/namespace/cluster name (a metadata path segment: not
+    empty, not '.' or '..', no '/' or control characters); InvalidArgument otherwise."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise InvalidArgument(f"invalid {kind} name {name!r}: use letters, digits, '-', '_', '=', ':' or '.' "
+                              f"(and not only dots)")
+    return name
+
+
+def check_subscription_name(name: str) -> str:
+    """Validate a subscription name (a cursor's metadata path segment under its
+    topic): not empty, not '.' or '..', no '/' or control characters; InvalidArgument otherwise."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+            or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidArgument(f"invalid subscription name {name!r}: give a non-empty name without '/' "
+                              f"or control characters, and not '.' or '..'")
     return name
 
 

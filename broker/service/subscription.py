@@ -262,5 +262,5 @@ class Subscription:
         if self.dispatcher is not None:
             await self.dispatcher.close()
         for c in list(self.consumers):
-            c.closed = True
+            c.disconnect()
         self.consumers.clear()

@@ -43,6 +43,8 @@ def dedup_key(md) -> Optional[tuple[str, int]]:
                 (md.replicated_source_ledger_id << 32) | md.replicated_source_entry_id)
     if md.HasField("marker_type"):
         return None
+    if md.HasField("num_chunks_from_msg") and md.chunk_id != md.num_chunks_from_msg - 1:
+        return None   # dedup state advances on the last chunk only, live and on replay (Pulsar #20948)
     return md.producer_name, max(md.sequence_id, md.highest_sequence_id)
 
 
@@ -57,7 +59,16 @@ class BrokerProducer:
         self.bytes_in_counter = 0
         self.connected_since_ms = int(time.time() * 1000)
         self.closed = False
-        self.failed = False    # a replicator stream stops storing after a failed send
+        self.failed = False    # a stream stores nothing more after a send failed with a retriable error
+        # Set by the transport: ends the producer's stream after its in-flight sends
+        # are answered (Pulsar's Producer.disconnect), so the client looks up again.
+        self.on_disconnect = None
+
+    def disconnect(self, reason: BaseException) -> None:
+        """Close this producer and end its stream with ``reason`` (retriable)."""
+        self.closed = True
+        if self.on_disconnect is not None:
+            self.on_disconnect(reason)
 
 
 class PersistentTopic:
@@ -219,13 +230,18 @@ class PersistentTopic:
         if len(data) > self.config.max_message_size:
             raise MessageTooBig(f"message of {len(data)} bytes exceeds max_message_size="
                                 f"{self.config.max_message_size} on {self.name}; enable chunking or send smaller")
+        if self.closed:
+            raise ServiceNotReady(f"topic {self.name} is closing on this broker; look it up again")
         if self.write_fenced:
             raise ServiceNotReady(f"{self.name}: a write failed; waiting for {self.pending_write_ops} pending "
                                   f"writes before accepting sends again; retry")
         verify_checksum(data)
         md = peek_metadata(data)
         highest = max(send.sequence_id, send.highest_sequence_id)
-        check_dedup = not md.HasField("num_chunks_from_msg") or md.chunk_id == md.num_chunks_from_msg - 1
+        # A chunked message is deduplicated on its last chunk (Pulsar #20948); a replicator's
+        # sends always per entry, chunks included (its sequence id is the source position).
+        check_dedup = producer.is_replicator or not md.HasField("num_chunks_from_msg") \
+            or md.chunk_id == md.num_chunks_from_msg - 1
         if check_dedup:
             status = self.dedup.check(producer.name, send.sequence_id, highest)
             if status is DedupStatus.DUP:
@@ -248,7 +264,7 @@ class PersistentTopic:
             self.pending_write_ops -= 1
             exc = f.exception()
             if exc is not None:
-                producer.failed = producer.is_replicator
+                producer.failed = True       # nothing more stored from this stream (see the servicer)
                 self._add_failed(exc)
                 result.set_exception(ServiceNotReady(f"{self.name}: storing failed ({exc}); retry"))
                 return
@@ -457,32 +473,33 @@ class PersistentTopic:
         }
 
     # ---- lifecycle ------------------------------------------------------
+    async def _fence_and_disconnect(self, reason: str) -> None:
+        """PersistentTopic.close/delete, first half: refuse new sends, stop the
+        controller and replicators, disconnect producers (after answering their
+        in-flight sends) and consumers; the managed ledger's close then waits for
+        the adds still in flight."""
+        self.closed = True
+        if self._marker_scan is not None:
+            self._marker_scan.cancel()
+        if self.controller is not None:
+            await self.controller.close()
+        for r in list(self.replicators.values()):
+            await r.close()
+        error = ServiceNotReady(f"topic {self.name} {reason} on this broker; look it up again")
+        for p in list(self.producers.values()):
+            p.disconnect(error)
+        for s in list(self.subscriptions.values()):
+            await s.close()
+
     async def close(self) -> None:
         """Disconnect everything and close the managed ledger (topic unload)."""
         if self.closed:
             return
-        self.closed = True
-        if self._marker_scan is not None:
-            self._marker_scan.cancel()
-        if self.controller is not None:
-            await self.controller.close()
-        for r in list(self.replicators.values()):
-            await r.close()
-        for s in list(self.subscriptions.values()):
-            await s.close()
-        for p in list(self.producers.values()):
-            p.closed = True
+        await self._fence_and_disconnect("was unloaded")
         await self.ml.close()
 
     async def delete(self) -> None:
-        """Delete the topic's data: subscriptions, cursors, ledgers."""
-        if self._marker_scan is not None:
-            self._marker_scan.cancel()
-        if self.controller is not None:
-            await self.controller.close()
-        for s in list(self.subscriptions.values()):
-            await s.close()
-        for r in list(self.replicators.values()):
-            await r.close()
-        self.closed = True
+        """Fence the topic (as close), then delete its data: cursors, ledgers and
+        metadata. Raises what the metadata store raises (nothing is swallowed)."""
+        await self._fence_and_disconnect("was deleted")
         await self.ml.delete()

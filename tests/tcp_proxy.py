@@ -1,0 +1,203 @@
+"""A fault-injecting TCP proxy for tests (asyncio, loopback).
+
+Point a client at ``proxy.service_url`` instead of the broker's: every TCP
+connection it opens is forwarded to the target, and the test can break the
+path on purpose:
+
+- ``cut()``: abort every open connection at once (both sides see a reset),
+  as a network failure or a broker crash looks to the client;
+- ``hold()`` / ``release()``: stop / resume forwarding on every connection,
+  new ones included, without closing anything: what is written meanwhile sits
+  in socket buffers, so the sender believes it was sent (a stalled link, a
+  stream broken before anyone noticed);
+- ``refuse(True)``: abort new connections as soon as they are accepted (the
+  broker looks down) until ``refuse(False)``.
+
+Runs on the test's event loop: ``proxy = await TcpProxy("127.0.0.1", port).start()``,
+``await proxy.close()`` at the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+__all__ = ["TcpProxy"]
+
+log = logging.getLogger(__name__)
+
+
+class _Side(asyncio.Protocol):
+    """One socket of a proxied connection; forwards what it reads to its peer."""
+
+    def __init__(self, conn: "_Connection"):
+        self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        self.peer: "_Side | None" = None
+        self._early: list[bytes] = []  # client bytes read before the upstream socket exists
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if self.conn.proxy.held:
+            transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self._early.append(data)
+            return
+        peer.transport.write(data)
+
+    def connection_lost(self, exc) -> None:
+        self.conn.close()
+
+
+class _Connection:
+    """A client socket and its upstream socket."""
+
+    def __init__(self, proxy: "TcpProxy"):
+        self.proxy = proxy
+        self.client = _Side(self)
+        self.upstream = _Side(self)
+        self.client.peer, self.upstream.peer = self.upstream, self.client
+        self.closed = False
+
+    async def open_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(lambda: self.upstream, self.proxy.target_host, self.proxy.target_port)
+        except OSError as e:
+            log.debug("proxy: upstream connect failed: %s", e)
+            self.abort()
+            return
+        if self.closed:
+            self.upstream.transport.abort()
+            return
+        for data in self.client._early:
+            self.upstream.transport.write(data)
+        self.client._early.clear()
+
+    def pause(self) -> None:
+        for side in (self.client, self.upstream):
+            if side.transport is not None and not side.transport.is_closing():
+                side.transport.pause_reading()
+
+    def resume(self) -> None:
+        for side in (self.client, self.upstream):
+            if side.transport is not None and not side.transport.is_closing():
+                side.transport.resume_reading()
+
+    def abort(self) -> None:
+        """Reset both sockets (no FIN: RST, as a crashed peer or a cut link)."""
+        self.closed = True
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.abort()
+        self.proxy._connections.discard(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.close()
+        self.proxy._connections.discard(self)
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:<port>`` (``port`` 0 = any free one) to
+    ``target_host:target_port``; see the module doc for the faults."""
+
+    def __init__(self, target_host: str, target_port: int, port: int = 0):
+        self.target_host = target_host
+        self.target_port = target_port
+        self._listen_port = port
+        self.port: int | None = None
+        self.held = False
+        self.refusing = False
+        self.cuts = 0
+        self.accepted = 0
+        self._connections: set[_Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def to_service_url(cls, service_url: str) -> "TcpProxy":
+        """A proxy (not started) in front of ``minipulsar://host:port``."""
+        host, port = service_url.split("://", 1)[1].rsplit(":", 1)
+        return cls(host, int(port))
+
+    async def start(self) -> "TcpProxy":
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, "127.0.0.1", self._listen_port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"minipulsar://127.0.0.1:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        """Connections currently open through the proxy."""
+        return len(self._connections)
+
+    def _accept(self) -> asyncio.Protocol:
+        conn = _Connection(self)
+        self.accepted += 1
+        if self.refusing:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(conn.abort)
+            return conn.client
+        self._connections.add(conn)
+        task = asyncio.get_running_loop().create_task(conn.open_upstream())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return conn.client
+
+    # -- faults ----------------------------------------------------------------------
+    def cut(self) -> int:
+        """Reset every open connection; returns how many were cut."""
+        conns = list(self._connections)
+        for conn in conns:
+            conn.abort()
+        self.cuts += 1
+        return len(conns)
+
+    def hold(self) -> None:
+        """Stop forwarding (both directions, new connections too); nothing is closed."""
+        self.held = True
+        for conn in list(self._connections):
+            conn.pause()
+
+    def release(self) -> None:
+        """Resume forwarding after ``hold``."""
+        self.held = False
+        for conn in list(self._connections):
+            conn.resume()
+
+    def refuse(self, refusing: bool = True) -> None:
+        """While True, new connections are reset as soon as they are accepted."""
+        self.refusing = refusing
+
+    async def close(self) -> None:
+        """Stop listening and reset every connection."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for conn in list(self._connections):
+            conn.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        if server is not None:
+            await server.wait_closed()
+
+    async def __aenter__(self) -> "TcpProxy":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
