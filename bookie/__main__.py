@@ -4,6 +4,11 @@ After the port is bound, prints exactly one line ``BOOKIE_READY port=<port>
 pid=<pid>`` to stdout (flushed); logs go to stderr. SIGTERM/SIGINT stop the
 server, commit what is queued, close the database and exit with status 0.
 The same options serve ``minipulsar bookie`` (see :mod:`deploy.cli`).
+
+Exit status 3: the data dir is refused (cookie check failed, see
+:mod:`bookie.cookie`, or another process holds it); the message on stderr says
+why and what to do. To re-initialize a bookie on purpose (all its ledgers are
+deleted), start it once with ``--format``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import os
 import signal
 import sys
 
+from bookie.cookie import InvalidCookieError
 from bookie.server import BookieConfig, BookieServer
+from bookie.storage import DataDirInUse
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not fsync commits (faster; recent adds may be lost on a machine crash)")
     parser.add_argument("--max-entry-size-bytes", type=int, default=None,
                         help="largest accepted entry payload in bytes (default 5 MiB)")
+    parser.add_argument("--disk-usage-threshold", type=float, default=None,
+                        help="disk usage share (0..1) at which the bookie turns read-only (default 0.95)")
+    parser.add_argument("--disk-usage-lwm-threshold", type=float, default=None,
+                        help="disk usage share below which it is writable again (default 0.90)")
+    parser.add_argument("--disk-check-interval-s", type=float, default=None,
+                        help="seconds between disk usage checks (default 10)")
+    parser.add_argument("--max-db-size-bytes", type=int, default=None,
+                        help="cap of the ledger database in bytes; its share in use counts as disk usage "
+                             "(default: none, the disk is the limit)")
+    parser.add_argument("--format", action="store_true", default=False,
+                        help="DELETE every ledger in the data dir and start as a new bookie instance "
+                             "(new cookie), like BookKeeper's bookieformat; for a bookie whose data was lost "
+                             "or is no longer needed")
+    parser.add_argument("--create-cookie", action="store_true", default=False,
+                        help="adopt a ledger database that has no cookie (a data dir from a minipulsar "
+                             "version before cookies): write a cookie for it")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -43,15 +66,64 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         "data_dir": args.data_dir,
         "journal_sync": args.journal_sync,
         "max_entry_size_bytes": args.max_entry_size_bytes,
+        "disk_usage_threshold": getattr(args, "disk_usage_threshold", None),
+        "disk_usage_lwm_threshold": getattr(args, "disk_usage_lwm_threshold", None),
+        "disk_check_interval_s": getattr(args, "disk_check_interval_s", None),
+        "max_db_size_bytes": getattr(args, "max_db_size_bytes", None),
     }
     if args.config:
         return BookieConfig.from_toml(args.config, **overrides)
     return BookieConfig(**{k: v for k, v in overrides.items() if v is not None})
 
 
-async def serve(config: BookieConfig) -> None:
+def config_problems(config: BookieConfig) -> list[str]:
+    """Every problem of ``config`` (file values and flags merged), one line each:
+    a value whose type is not its field's annotation (an int is fine for a float;
+    a str is not an int, an int is not a bool), a port outside 0..65535, a size
+    or limit below 1, an empty data dir or host. [] when the bookie can start."""
+    import dataclasses
+    import types
+    import typing
+
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    problems = []
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value, hint = getattr(config, field.name), hints.get(field.name)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            if value is None:
+                continue
+            hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool)) if hint in names else True
+        if hint is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            problems.append(f"{field.name}: expected {names[hint]}, got {type(value).__name__} {value!r}")
+    bad = {p.split(":", 1)[0] for p in problems}
+    rules = [("port", lambda v: 0 <= v <= 65535, "must be a TCP port in 0..65535 (0 = any free port)"),
+             ("max_entry_size_bytes", lambda v: v >= 1, "must be >= 1"),
+             ("max_inflight_requests_per_stream", lambda v: v >= 1, "must be >= 1"),
+             ("max_inflight_bytes_per_stream", lambda v: v >= 1, "must be >= 1"),
+             ("data_dir", lambda v: bool(v.strip()), "must not be empty"),
+             ("host", lambda v: bool(v.strip()), "must not be empty"),
+             ("disk_usage_threshold", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+             ("disk_usage_lwm_threshold", lambda v: 0 < v <= _number(getattr(config, "disk_usage_threshold", 1)),
+              "must be in (0, disk_usage_threshold]"),
+             ("disk_check_interval_s", lambda v: v > 0, "must be > 0 seconds"),
+             ("max_db_size_bytes", lambda v: v is None or v >= 1, "must be >= 1 (or unset)")]
+    for name, ok, rule in rules:
+        if hasattr(config, name) and name not in bad and not ok(getattr(config, name)):
+            problems.append(f"{name} = {getattr(config, name)!r}: {rule}")
+    return problems
+
+
+def _number(v) -> float:
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else 1.0
+
+
+async def serve(config: BookieConfig, format: bool = False, create_cookie: bool = False) -> None:
     """Start a bookie, print the ready line, serve until SIGTERM/SIGINT, stop cleanly."""
-    server = BookieServer(config)
+    server = BookieServer(config, format=format, create_cookie=create_cookie)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -77,12 +149,23 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         print(f"bookie: bad configuration: {exc}", file=sys.stderr)
         return 2
+    problems = config_problems(config)
+    if problems:
+        print(f"bookie: bad configuration ({args.config or 'flags'}), {len(problems)} problem(s):", file=sys.stderr)
+        for problem in problems:
+            print(f"bookie:   - {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config))
+        run = asyncio.run
     else:
-        uvloop.run(serve(config))
+        run = uvloop.run
+    try:
+        run(serve(config, format=getattr(args, "format", False), create_cookie=getattr(args, "create_cookie", False)))
+    except (InvalidCookieError, DataDirInUse) as exc:
+        print(f"bookie: refusing to start on data dir {config.data_dir}: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -32,6 +32,22 @@ Follows BookKeeper's client (``BookKeeper``, ``LedgerHandle``, ``PendingAddOp``,
   recovery raises BookieUnavailableError and the ledger stays IN_RECOVERY. The
   previous writer then gets ``LedgerFencedError``.
 
+* Digests (BookKeeper's ``DigestManager``): every add carries the CRC32C of its
+  payload, computed here (``AddEntryRequest.crc32c``: one C call per entry,
+  whatever the payload is: Pulsar's headersAndPayload or a cursor ledger's
+  PositionInfo); the bookie stores it with the entry and returns it on read,
+  and ``BookieConnection.read_entries`` verifies it. A mismatch raises
+  ``DigestMismatchError`` for that bookie, is logged and counted
+  (``BookKeeper.corrupt_replicas``), and the read goes on to the next replica
+  of the entry's write set. Entries stored without a checksum (written before
+  checksums existed) are returned unverified.
+* Bookie identity: a bookie reports its cookie's instance id in
+  ReadLastAddConfirmed / Fence / GetBookieInfo answers. A connection remembers
+  the first one it saw; when a later answer carries another one, the bookie was
+  wiped and re-initialized under the same address, so from then on its "no such
+  entry / ledger" answers count as "unavailable" (it cannot vouch for the
+  absence of entries it may have lost) -- for this client's lifetime.
+
 The bookie client does not import the broker: the metadata store is passed in
 and only needs the ``MetadataAccess`` methods below.
 """
@@ -46,6 +62,7 @@ import time
 from typing import Callable, Optional, Protocol
 
 import grpc
+from crc32c import crc32c as _crc32c
 
 from proto import bookie_pb2 as pb
 from proto import bookie_pb2_grpc
@@ -57,6 +74,7 @@ from .errors import (
     BookieProtocolError,
     BookieUnavailableError,
     ClientClosedError,
+    DigestMismatchError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
@@ -167,8 +185,16 @@ class BookieConnection:
     """
 
     def __init__(self, address: str, rpc_timeout_s: float = 10.0,
-                 add_entry_timeout_s: Optional[float] = DEFAULT_ADD_ENTRY_TIMEOUT_S):
+                 add_entry_timeout_s: Optional[float] = DEFAULT_ADD_ENTRY_TIMEOUT_S,
+                 corrupt_counter: Optional[collections.Counter] = None):
         self.address = address
+        # Digest mismatches read from this bookie (count); also added to corrupt_counter[address].
+        self.corrupt_entries = 0
+        self._corrupt_counter = corrupt_counter
+        # The bookie's cookie instance id as first seen by this connection, and why it is
+        # no longer trusted to say "no such entry" (a different instance answered since).
+        self.instance_id: Optional[str] = None
+        self.instance_changed: Optional[str] = None
         self.rpc_timeout_s = rpc_timeout_s
         self.add_entry_timeout_s = add_entry_timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS)
@@ -303,37 +329,91 @@ class BookieConnection:
 
     # ---- unary / read RPCs ----------------------------------------------
     async def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` (inclusive) of a ledger from this bookie.
-        Raises NoSuchEntryError / NoSuchLedgerError / BookieUnavailableError."""
+        """Entries ``first..last`` (inclusive) of a ledger from this bookie, each verified
+        against the CRC32C its writer stored with it (DigestManager).
+
+        Raises NoSuchEntryError / NoSuchLedgerError / BookieUnavailableError, and
+        DigestMismatchError (logged and counted) when an entry's bytes do not match
+        its checksum: the caller reads another replica. A "no such entry / ledger"
+        from a bookie whose instance id changed raises BookieUnavailableError."""
         out: list[bytes] = []
         try:
             call = self.stub.ReadEntries(
                 pb.ReadEntriesRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last),
                 timeout=self.rpc_timeout_s)
             async for response in call:
-                out.extend(e.payload for e in response.entries)
+                for e in response.entries:
+                    payload = e.payload
+                    if e.HasField("crc32c"):
+                        actual = _crc32c(payload)
+                        if actual != e.crc32c:
+                            call.cancel()
+                            raise self._digest_mismatch(ledger_id, e.entry_id, e.crc32c, actual, len(payload))
+                    out.append(payload)
         except grpc.aio.AioRpcError as exc:
-            raise _map_rpc_error(exc, self.address) from None
+            error = _map_rpc_error(exc, self.address)
+            if self.instance_changed and isinstance(error, (NoSuchEntryError, NoSuchLedgerError)):
+                raise BookieUnavailableError(f"{error}; not trusted: {self.instance_changed}") from None
+            raise error from None
         if len(out) != last - first + 1:
             raise NoSuchEntryError(f"bookie {self.address} returned {len(out)} of {last - first + 1} entries")
         return out
 
+    def _digest_mismatch(self, ledger_id: int, entry_id: int, stored: int, actual: int,
+                         size: int) -> DigestMismatchError:
+        self.corrupt_entries += 1
+        if self._corrupt_counter is not None:
+            self._corrupt_counter[self.address] += 1
+        msg = (f"bookie {self.address}: entry {ledger_id}:{entry_id} is corrupt: CRC32C 0x{actual:08x} of its "
+               f"{size} bytes does not match the writer's 0x{stored:08x}")
+        log.error("%s (corrupt replica #%d from this bookie); reading another replica", msg, self.corrupt_entries)
+        return DigestMismatchError(msg)
+
+    def _note_instance(self, instance_id: str) -> None:
+        """Remember the bookie's instance id; a different one later means the bookie at this
+        address was wiped and re-initialized (its old entries are gone)."""
+        if not instance_id:
+            return
+        if self.instance_id is None:
+            self.instance_id = instance_id
+        elif instance_id != self.instance_id and self.instance_changed is None:
+            self.instance_changed = (f"bookie {self.address} is now instance {instance_id}, not instance "
+                                     f"{self.instance_id} that this client knew: its data dir was re-initialized")
+            log.error("%s; its 'no such entry' answers no longer count", self.instance_changed)
+
     async def read_last_add_confirmed(self, ledger_id: int) -> pb.ReadLastAddConfirmedResponse:
         try:
-            return await self.stub.ReadLastAddConfirmed(pb.LedgerRequest(ledger_id=ledger_id), timeout=self.rpc_timeout_s)
+            resp = await self.stub.ReadLastAddConfirmed(pb.LedgerRequest(ledger_id=ledger_id),
+                                                        timeout=self.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _map_rpc_error(exc, self.address) from None
+        self._note_instance(resp.instance_id)
+        return resp
 
     async def fence(self, ledger_id: int, master_key: bytes) -> pb.FenceResponse:
         try:
-            return await self.stub.Fence(pb.LedgerRequest(ledger_id=ledger_id, master_key=master_key),
+            resp = await self.stub.Fence(pb.LedgerRequest(ledger_id=ledger_id, master_key=master_key),
                                          timeout=self.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _map_rpc_error(exc, self.address) from None
+        self._note_instance(resp.instance_id)
+        return resp
 
-    async def delete_ledger(self, ledger_id: int) -> None:
+    async def get_bookie_info(self) -> pb.BookieInfo:
+        """The bookie's instance id, cookie address and read-only state."""
         try:
-            await self.stub.DeleteLedger(pb.LedgerRequest(ledger_id=ledger_id), timeout=self.rpc_timeout_s)
+            resp = await self.stub.GetBookieInfo(pb.BookieInfoRequest(), timeout=self.rpc_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _map_rpc_error(exc, self.address) from None
+        self._note_instance(resp.instance_id)
+        return resp
+
+    async def delete_ledger(self, ledger_id: int, master_key: bytes) -> None:
+        """Delete the ledger on this bookie; ``master_key`` must be the ledger's (the bookie
+        answers PERMISSION_DENIED -> UnauthorizedAccessError otherwise)."""
+        try:
+            await self.stub.DeleteLedger(pb.LedgerRequest(ledger_id=ledger_id, master_key=master_key),
+                                         timeout=self.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _map_rpc_error(exc, self.address) from None
 
@@ -531,7 +611,8 @@ class LedgerHandle:
         self._pending.append(op)
         # One serialization shared by the whole write set.
         framed = _framed_add(self._add_prefix + pb.AddEntryRequest(
-            entry_id=entry_id, payload=payload, last_add_confirmed=self.last_add_confirmed).SerializeToString())
+            entry_id=entry_id, payload=payload, last_add_confirmed=self.last_add_confirmed,
+            crc32c=_crc32c(payload)).SerializeToString())
         ledger_id = self.ledger_id
         on_result = self._on_result_cb
         failed = self._failed_bookies
@@ -562,7 +643,7 @@ class LedgerHandle:
         self.entries_resent += 1
         request = pb.AddEntryRequest(
             ledger_id=self.ledger_id, entry_id=op.entry_id, master_key=self.metadata.password,
-            payload=op.payload, last_add_confirmed=self.last_add_confirmed)
+            payload=op.payload, last_add_confirmed=self.last_add_confirmed, crc32c=_crc32c(op.payload))
         self.bk.connection(address)._enqueue(_framed_add(request.SerializeToString()), self.ledger_id, op.entry_id,
                                              self._on_result_cb, op)
 
@@ -923,12 +1004,14 @@ class BookKeeper:
         self._connections: dict[str, BookieConnection] = {}
         self._failed_at: dict[str, float] = {}
         self._closed = False
+        # Digest mismatches read, per bookie address (DigestManager): corrupt replicas seen.
+        self.corrupt_replicas: collections.Counter = collections.Counter()
 
     def connection(self, address: str) -> BookieConnection:
         conn = self._connections.get(address)
         if conn is None:
             conn = self._connections[address] = BookieConnection(address, self.rpc_timeout_s,
-                                                                  self.add_entry_timeout_s)
+                                                                  self.add_entry_timeout_s, self.corrupt_replicas)
         return conn
 
     def mark_failed(self, address: str) -> None:
@@ -1182,7 +1265,8 @@ class BookKeeper:
                 futures.append((entry_id, fut))
                 request = pb.AddEntryRequest(ledger_id=handle.ledger_id, entry_id=entry_id,
                                              master_key=handle.metadata.password, payload=payload,
-                                             last_add_confirmed=entry_id - 1, recovery=True)
+                                             last_add_confirmed=entry_id - 1, recovery=True,
+                                             crc32c=_crc32c(payload))
                 self.connection(address).add(
                     request, lambda s, m, f=fut: f.done() or f.set_result((s, m)))
         await asyncio.gather(*(f for _, f in futures))
@@ -1202,8 +1286,12 @@ class BookKeeper:
             md, _ = await self.get_metadata(ledger_id)
         except NoSuchLedgerError:
             return
-        bookies = {b for frag in md.fragments for b in frag.ensemble}
-        await asyncio.gather(*(self.connection(b).delete_ledger(ledger_id) for b in bookies), return_exceptions=True)
+        bookies = sorted({b for frag in md.fragments for b in frag.ensemble})
+        results = await asyncio.gather(*(self.connection(b).delete_ledger(ledger_id, md.password) for b in bookies),
+                                       return_exceptions=True)
+        for address, r in zip(bookies, results):
+            if isinstance(r, BaseException):
+                log.warning("ledger %d: delete on bookie %s failed: %s", ledger_id, address, r)
         try:
             await self.metadata.delete(ledger_path(ledger_id))
         except Exception:  # already gone

@@ -63,5 +63,12 @@ class ClientClosedError(BKException):
     """The BookKeeper client was closed while adds were pending (BKClientClosedException)."""
 
 
+class DigestMismatchError(BKException):
+    """An entry read from one bookie does not match the CRC32C its writer stored with it
+    (BKDigestMatchException): that replica is corrupt. Readers try the next bookie of
+    the entry's write set; the error only surfaces when no replica is intact (then
+    as BookieUnavailableError from the ledger handle's read)."""
+
+
 class BookieProtocolError(BKException):
     """A bookie answered something unexpected (invalid request, duplicate entry with other bytes)."""

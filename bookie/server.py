@@ -5,6 +5,12 @@
 server and the storage. Bad input never kills a stream or the server: adds
 get a per-add ``AddStatus``, the other RPCs a specific gRPC status code with a
 message saying what is wrong.
+
+Disk usage (BookKeeper's LedgerDirsMonitor): every ``disk_check_interval_s`` the
+server measures the storage's disk usage; at ``disk_usage_threshold`` or more the
+bookie turns read-only (normal adds get E_READ_ONLY at once, without being
+queued), below ``disk_usage_lwm_threshold`` it is writable again. A commit that
+fails because the disk is full also turns it read-only (see bookie.storage).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from bookie import storage as st
 from proto import bookie_pb2, bookie_pb2_grpc
@@ -44,6 +51,14 @@ class BookieConfig:
         stream may have awaiting commit before the bookie stops reading it.
     max_inflight_bytes_per_stream: same limit in payload bytes (a single larger
         message is still accepted when nothing else is in flight).
+    disk_usage_threshold: share (0..1) of the disk in use at which the bookie turns
+        read-only (BookKeeper's diskUsageThreshold, 0.95).
+    disk_usage_lwm_threshold: share below which a read-only bookie is writable again
+        (diskUsageLwmThreshold, 0.90; at most disk_usage_threshold).
+    disk_check_interval_s: seconds between disk usage checks (diskCheckInterval, 10 s).
+    max_db_size_bytes: cap of the ledger database in bytes (None = the disk is the
+        limit); its share in use counts as disk usage. Meant for tests and small
+        dedicated volumes.
     """
 
     port: int = 3181
@@ -53,6 +68,10 @@ class BookieConfig:
     host: str = "127.0.0.1"
     max_inflight_requests_per_stream: int = 256
     max_inflight_bytes_per_stream: int = 64 * 1024 * 1024
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm_threshold: float = 0.90
+    disk_check_interval_s: float = 10.0
+    max_db_size_bytes: int | None = None
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "BookieConfig":
@@ -72,6 +91,15 @@ class BookieConfig:
         return cls(**data)
 
 
+def next_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
+    """Read-only state after measuring ``usage`` (LedgerDirsMonitor's hysteresis):
+    writable -> read-only at ``usage >= threshold``, read-only -> writable at
+    ``usage < lwm_threshold``; otherwise unchanged."""
+    if read_only:
+        return usage >= lwm_threshold
+    return usage >= threshold
+
+
 class BookieServicer(bookie_pb2_grpc.BookieServicer):
     """grpc.aio servicer of the Bookie service (BookKeeper's BookieRequestProcessor).
 
@@ -86,6 +114,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._config = config
         self._pumps: set[asyncio.Task] = set()
         self._stopping = False
+        self.disk_usage = 0.0   # last measured by BookieServer's disk monitor
 
     def close_streams(self) -> None:
         """Shutdown step: stop reading every AddEntry stream; each one ends (status OK)
@@ -116,7 +145,13 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         finally:
             reader.cancel()
         exc = reader.exception() if reader.done() and not reader.cancelled() else None
-        if exc is not None:
+        if isinstance(exc, DecodeError):
+            # A frame that is not an AddEntriesRequest: say so (the answers to the adds
+            # read before it were sent above).
+            log.warning("AddEntry stream from %s: unparsable request message: %s", context.peer(), exc)
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"AddEntry request message is not a valid AddEntriesRequest: {exc}")
+        elif exc is not None:
             log.info("AddEntry stream from %s ended: %r", context.peer(), exc)
         else:
             log.debug("AddEntry stream from %s closed", context.peer())
@@ -157,6 +192,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         nbytes: payload bytes of the valid adds.
         """
         max_size = self._config.max_entry_size_bytes
+        read_only = self._storage.read_only
         nbytes = 0
         ops = []
         pre_errors: dict[int, tuple[int, str]] = {}
@@ -184,8 +220,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                     f"entry {ledger_id}:{entry_id}: payload of {len(payload)} bytes exceeds "
                     f"max_entry_size_bytes={max_size}",
                 )
+            elif read_only and not a.recovery:
+                pre_errors[i] = (bookie_pb2.E_READ_ONLY, f"bookie is read-only: {self._storage.read_only_reason}")
             else:
-                ops.append((ledger_id, entry_id, key, payload, lac, a.recovery))
+                ops.append((ledger_id, entry_id, key, payload, lac, a.recovery,
+                            a.crc32c if a.HasField("crc32c") else None))
                 nbytes += len(payload)
         index = [i for i in range(len(adds)) if i not in pre_errors] if pre_errors else None
         return ops, index, pre_errors, nbytes
@@ -202,10 +241,16 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                          f"first_entry_id {first} > last_entry_id {last}")
         try:
             await self._storage.check_range(ledger_id, first, last)
-            async for chunk in self._storage.read_entries(ledger_id, first, last, READ_CHUNK_BYTES):
-                yield bookie_pb2.ReadEntriesResponse(
-                    entries=[bookie_pb2.Entry(ledger_id=ledger_id, entry_id=e, payload=p) for e, p in chunk]
-                )
+            async for chunk in self._storage.read_entries(ledger_id, first, last, READ_CHUNK_BYTES,
+                                                          with_checksums=True):
+                resp = bookie_pb2.ReadEntriesResponse()
+                entries = resp.entries
+                for e, p, crc in chunk:
+                    if crc is None:
+                        entries.add(ledger_id=ledger_id, entry_id=e, payload=p)
+                    else:
+                        entries.add(ledger_id=ledger_id, entry_id=e, payload=p, crc32c=crc)
+                yield resp
         except st.StorageError as exc:
             await _abort_storage(context, exc)
 
@@ -217,7 +262,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             lac, last = await self._storage.read_lac(request.ledger_id)
         except st.StorageError as exc:
             await _abort_storage(context, exc)
-        return bookie_pb2.ReadLastAddConfirmedResponse(last_add_confirmed=lac, last_entry_id=last)
+        return bookie_pb2.ReadLastAddConfirmedResponse(last_add_confirmed=lac, last_entry_id=last,
+                                                       instance_id=self._storage.instance_id)
 
     # ------------------------------------------------------------------ fence / delete
 
@@ -232,19 +278,32 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         except st.StorageError as exc:
             await _abort_storage(context, exc)
         log.info("fenced ledger %d (lac=%d, last_entry_id=%d)", request.ledger_id, lac, last)
-        return bookie_pb2.FenceResponse(last_add_confirmed=lac, last_entry_id=last)
+        return bookie_pb2.FenceResponse(last_add_confirmed=lac, last_entry_id=last,
+                                        instance_id=self._storage.instance_id)
 
     async def DeleteLedger(self, request, context):
         if request.ledger_id < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"ledger_id must be >= 0 (got {request.ledger_id})")
+        if not request.master_key:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         "DeleteLedger needs the ledger's master_key")
         try:
-            existed = await self._storage.delete_ledger(request.ledger_id)
+            existed = await self._storage.delete_ledger(request.ledger_id, request.master_key)
         except st.StorageError as exc:
+            if isinstance(exc, st.UnauthorizedAccess):
+                log.warning("refused to delete ledger %d for %s: wrong master key", request.ledger_id,
+                            context.peer())
             await _abort_storage(context, exc)
         if existed:
             log.info("deleted ledger %d", request.ledger_id)
         return bookie_pb2.DeleteLedgerResponse()
+
+    async def GetBookieInfo(self, request, context):
+        storage = self._storage
+        return bookie_pb2.BookieInfo(instance_id=storage.instance_id or "", cookie_address=storage.cookie_address,
+                                     read_only=storage.read_only, read_only_reason=storage.read_only_reason,
+                                     disk_usage=self.disk_usage)
 
 
 class _Window:
@@ -313,20 +372,29 @@ async def _abort_storage(context, exc: st.StorageError):
 class BookieServer:
     """A bookie: LedgerStorage in ``config.data_dir`` served over gRPC.
 
-    ``await start()`` opens the storage and binds ``config.host:config.port``
-    (``.port`` then holds the bound port); ``await stop(grace_s)`` stops
-    accepting RPCs, ends the AddEntry streams once the adds already read are
-    answered, lets other RPCs finish for up to ``grace_s`` seconds, then
-    commits what is queued and closes the database. Raises ``RuntimeError``
-    if the port cannot be bound.
+    ``await start()`` binds ``config.host:config.port`` (``.port`` then holds the
+    bound port), opens the storage (locking the data dir and checking its cookie,
+    see :mod:`bookie.cookie`; ``format=True`` first wipes the data dir, BookKeeper's
+    bookieformat; ``create_cookie=True`` adopts a database that has no cookie),
+    measures the disk usage once and starts serving and the disk monitor.
+    ``await stop(grace_s)`` stops accepting RPCs, ends the AddEntry streams once
+    the adds already read are answered, lets other RPCs finish for up to
+    ``grace_s`` seconds, then commits what is queued and closes the database.
+    Raises ``RuntimeError`` if the port cannot be bound and
+    :class:`bookie.cookie.InvalidCookieError` / :class:`bookie.storage.DataDirInUse`
+    if the data dir is not this bookie's (nothing is served then).
     """
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, format: bool = False, create_cookie: bool = False) -> None:
         self.config = config
-        self.storage = st.LedgerStorage(config.data_dir, journal_sync=config.journal_sync)
+        self.format = format
+        self.create_cookie = create_cookie
+        self.storage = st.LedgerStorage(config.data_dir, journal_sync=config.journal_sync,
+                                        max_db_size_bytes=config.max_db_size_bytes)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._servicer: BookieServicer | None = None
+        self._monitor: asyncio.Task | None = None
 
     @property
     def address(self) -> str:
@@ -334,7 +402,6 @@ class BookieServer:
         return f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
-        await self.storage.open()
         server = grpc.aio.server(options=GRPC_OPTIONS)
         self._servicer = BookieServicer(self.storage, self.config)
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
@@ -342,14 +409,56 @@ class BookieServer:
         try:
             port = server.add_insecure_port(target)
         except RuntimeError as exc:
-            await self.storage.close()
             raise RuntimeError(f"cannot bind bookie to {target}: {exc}") from exc
-        await server.start()
-        self._server, self.port = server, port
-        log.info("bookie listening on %s (data_dir=%s, journal_sync=%s)",
-                 self.address, self.config.data_dir, self.config.journal_sync)
+        self.port = port
+        try:
+            await self.storage.open(self.address, format=self.format, create_cookie=self.create_cookie)
+        except BaseException:
+            await server.stop(None)
+            raise
+        try:
+            await self._check_disk()
+            await server.start()
+        except BaseException:
+            await server.stop(None)
+            await self.storage.close()
+            raise
+        self._server = server
+        self._monitor = asyncio.create_task(self._monitor_disk())
+        log.info("bookie listening on %s (instance %s, data_dir=%s, journal_sync=%s%s)",
+                 self.address, self.storage.instance_id, self.config.data_dir, self.config.journal_sync,
+                 ", READ-ONLY" if self.storage.read_only else "")
+
+    async def _check_disk(self) -> None:
+        """Measure the disk usage once and update the read-only state."""
+        cfg = self.config
+        usage, what = await self.storage.disk_usage()
+        self._servicer.disk_usage = usage
+        ro = self.storage.read_only
+        new_ro = next_read_only(ro, usage, cfg.disk_usage_threshold, cfg.disk_usage_lwm_threshold)
+        if new_ro and not ro:
+            self.storage.set_read_only(True, f"{what}, at or over disk_usage_threshold={cfg.disk_usage_threshold}; "
+                                             f"adds are refused until it is below "
+                                             f"disk_usage_lwm_threshold={cfg.disk_usage_lwm_threshold} "
+                                             f"(delete ledgers or add space)")
+        elif ro and not new_ro:
+            self.storage.set_read_only(False, f"{what}, below disk_usage_lwm_threshold={cfg.disk_usage_lwm_threshold}")
+
+    async def _monitor_disk(self) -> None:
+        """BookKeeper's LedgerDirsMonitor: check the disk usage every disk_check_interval_s."""
+        while True:
+            await asyncio.sleep(self.config.disk_check_interval_s)
+            try:
+                await self._check_disk()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failing check must not stop the monitor
+                log.warning("disk usage check of %s failed: %r", self.config.data_dir, exc)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            self._monitor = None
         if self._server is not None:
             self._servicer.close_streams()
             await self._server.stop(grace_s)

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,19 +28,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> BrokerConfig:
-    config = BrokerConfig.from_toml(args.config) if args.config else BrokerConfig()
-    return config.override(
-        cluster_name=args.cluster_name,
-        bookies=[b.strip() for b in args.bookies.split(",") if b.strip()] if args.bookies else None,
-        data_dir=args.data_dir, broker_service_port=args.port, web_service_port=args.http_port,
-        bind_address=args.bind_address, advertised_address=args.advertised_address)
+    """The config of ``args``: defaults < --config file < flags. Raises ConfigError
+    (a ValueError) listing every problem: unknown keys, wrong types, values out of
+    range, quorums, missing bookies."""
+    data = BrokerConfig.load_toml(args.config) if args.config else {}
+    flags = {"cluster_name": args.cluster_name,
+             "bookies": [b.strip() for b in args.bookies.split(",") if b.strip()] if args.bookies else None,
+             "data_dir": args.data_dir, "broker_service_port": args.port, "web_service_port": args.http_port,
+             "bind_address": args.bind_address, "advertised_address": args.advertised_address}
+    data = {**data, **{k: v for k, v in flags.items() if v is not None}}
+    config, problems = BrokerConfig.parse(data, complete=True)
+    if problems:
+        raise ConfigError(problems, args.config or "broker flags")
+    return config
 
 
 async def serve(config: BrokerConfig, ready_line: bool = True) -> None:
     from broker.server import BrokerServer
 
     server = BrokerServer(config)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        # A half-started broker (metadata store open, gRPC server created) would keep
+        # the process alive serving nothing: release everything, then report.
+        try:
+            await server.stop()
+        except Exception as exc:  # noqa: BLE001 - the start error is the one to report
+            logging.getLogger(__name__).warning("cleaning up after a failed start: %s", exc)
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,13 +69,24 @@ async def serve(config: BrokerConfig, ready_line: bool = True) -> None:
         await server.stop()
 
 
+def print_config_error(prog: str, exc: ConfigError) -> None:
+    """Every problem of ``exc`` on stderr, one line each, under one header line."""
+    print(f"{prog}: bad configuration ({exc.source}), {len(exc.problems)} problem(s):", file=sys.stderr)
+    for problem in exc.problems:
+        print(f"{prog}:   - {problem}", file=sys.stderr)
+    sys.stderr.flush()
+
+
 def run_from_args(args) -> int:
+    """Run a broker for parsed arguments; returns the exit status: 2 for a bad
+    configuration (every problem printed, nothing started), 1 when it cannot
+    start (e.g. the port is taken), 0 after a clean stop."""
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         config = config_from_args(args)
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"broker: bad configuration: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print_config_error("broker", exc)
         return 2
     try:
         import uvloop
@@ -68,8 +95,14 @@ def run_from_args(args) -> int:
         runner = asyncio.run
     try:
         runner(serve(config))
-    except (OSError, ValueError) as exc:
-        print(f"broker: cannot start: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit, never a hung process
+        logging.getLogger(__name__).debug("start failed", exc_info=True)
+        if "Failed to bind" in str(exc):
+            reason = (f"cannot listen on {config.bind_address}:{config.broker_service_port} (is another process "
+                      f"using the port? choose another with --port, or 0 for any free port)")
+        else:
+            reason = f"{exc}" if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        print(f"broker: cannot start: {reason}", file=sys.stderr)
         return 1
     return 0
 

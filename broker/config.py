@@ -5,7 +5,11 @@ Field names are Pulsar's broker.conf keys in snake_case.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import tomllib
+import types
+import typing
 from typing import Any, Optional
 
 from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerSettings
@@ -53,24 +57,212 @@ class BrokerConfig(ManagedLedgerSettings):
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ManagedLedgerSettings)}
         return ManagedLedgerConfig(**values, max_entry_size_bytes=self.max_message_size + 64 * 1024)
 
-    @classmethod
-    def from_toml(cls, path: str) -> "BrokerConfig":
-        """Load a TOML file (keys at top level or under ``[broker]``); unknown keys
-        raise ValueError naming them."""
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+    @staticmethod
+    def load_toml(path: str) -> dict[str, Any]:
+        """The key/value table of a TOML file (keys at top level or under ``[broker]``),
+        unchecked. Raises ConfigError when the file cannot be read or is not TOML."""
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError([f"cannot read the config file: {exc.strerror or exc}"], path) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([f"not valid TOML: {exc}"], path) from None
         if "broker" in data and isinstance(data["broker"], dict):
             data = data["broker"]
-        return cls.from_dict(data)
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BrokerConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+    def from_toml(cls, path: str) -> "BrokerConfig":
+        """Load a TOML file (keys at top level or under ``[broker]``); raises
+        ConfigError (a ValueError) listing every unknown key, wrongly typed or
+        out-of-range value."""
+        return cls.from_dict(cls.load_toml(path), source=path)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "broker config") -> "BrokerConfig":
+        """A config from ``data`` (missing keys keep their defaults); raises
+        ConfigError (a ValueError) listing every problem of the given values."""
+        config, problems = cls.parse(data)
+        if problems:
+            raise ConfigError(problems, source)
+        return config
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], complete: bool = False) -> tuple["BrokerConfig", list[str]]:
+        """Check ``data`` against the fields: unknown keys, types (the annotations;
+        an int is accepted for a float), ranges and the quorums E >= Qw >= Qa >= 1.
+        ``complete``: ``data`` is a whole process's config, so also check that it
+        names bookies (at least E of them). Returns the config (a bad value is left
+        at its default) and every problem found, one line each."""
+        if not isinstance(data, dict):
+            return cls(), [f"expected a table of broker settings, got {_describe(data)}"]
+        hints = _field_types(cls)
+        problems: list[str] = []
+        unknown = sorted(set(data) - set(hints))
         if unknown:
-            raise ValueError(f"unknown broker config keys: {', '.join(unknown)}")
-        return cls(**data)
+            problems.append(f"unknown broker config keys: {', '.join(unknown)} "
+                            f"(known keys are the fields of broker/config.py)")
+        values: dict[str, Any] = {}
+        for key in sorted(set(data) & set(hints)):
+            value, problem = _check_type(key, hints[key], data[key])
+            if problem:
+                problems.append(problem)
+            else:
+                values[key] = value
+        config = cls(**values)
+        problems += config._range_problems(complete, bad=(set(data) & set(hints)) - set(values))
+        return config, problems
+
+    def validate(self) -> list[str]:
+        """Every problem of this config as the config of a running broker (types,
+        ranges, quorums, bookies), one line each; [] when it can serve."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return type(self).parse(values, complete=True)[1]
+
+    def _range_problems(self, complete: bool, bad: set[str] = frozenset()) -> list[str]:
+        """Problems of the (well-typed) values: ranges and the cross-field rules
+        (skipped for the rules involving a ``bad`` key, already reported)."""
+        problems: list[str] = []
+
+        def check(key: str, ok: bool, rule: str) -> None:
+            if not ok:
+                problems.append(f"{key} = {_describe(getattr(self, key), bare=True)}: {rule}")
+
+        for key, lo in _MIN_VALUES.items():
+            check(key, getattr(self, key) >= lo, f"must be >= {lo}")
+        check("bookkeeper_client_timeout_in_seconds", self.bookkeeper_client_timeout_in_seconds > 0, "must be > 0")
+        check("broker_service_port", 0 <= self.broker_service_port <= 65535,
+              "must be a TCP port in 0..65535 (0 = any free port)")
+        check("web_service_port", -1 <= self.web_service_port <= 65535,
+              "must be a TCP port in 0..65535 (0 = any free port) or -1 (no HTTP endpoint)")
+        check("max_message_size", self.max_message_size <= MAX_MESSAGE_SIZE_LIMIT,
+              f"must be at most {MAX_MESSAGE_SIZE_LIMIT} bytes (gRPC frames of 64 MiB, minus room for metadata)")
+        check("cluster_name", bool(_NAME.fullmatch(self.cluster_name)) and self.cluster_name not in (".", ".."),
+              "must be a name of letters, digits, '-', '_', '=', ':' or '.' (not only dots)")
+        for key in ("data_dir", "bind_address", "advertised_address"):
+            check(key, bool(getattr(self, key).strip()), "must not be empty")
+        bad_bookies = [b for b in self.bookies if not _is_address(b)]
+        check("bookies", not bad_bookies,
+              f"{', '.join(map(repr, bad_bookies))}: each bookie must be 'host:port' with a port in 1..65535")
+        if complete and not self.bookies and "bookies" not in bad:
+            problems.append('bookies is empty: give the bookies as bookies = ["host:port", ...] '
+                            '(or --bookies host:port,...)')
+        e = self.managed_ledger_default_ensemble_size
+        qw = self.managed_ledger_default_write_quorum
+        qa = self.managed_ledger_default_ack_quorum
+        quorum_keys = {"managed_ledger_default_ensemble_size", "managed_ledger_default_write_quorum",
+                       "managed_ledger_default_ack_quorum"}
+        if min(e, qw, qa) >= 1 and not e >= qw >= qa and not quorum_keys & bad:
+            problems.append(f"quorums must satisfy ensemble size >= write quorum >= ack quorum >= 1, got "
+                            f"managed_ledger_default_ensemble_size = {e}, managed_ledger_default_write_quorum = {qw}, "
+                            f"managed_ledger_default_ack_quorum = {qa}")
+        if complete and self.bookies and e > len(self.bookies) and not quorum_keys & bad:
+            problems.append(f"managed_ledger_default_ensemble_size = {e} but only {len(self.bookies)} bookie(s) are "
+                            f"configured: no ledger could be created; add bookies or lower the ensemble size")
+        if self.managed_ledger_min_ledger_rollover_time_minutes > self.managed_ledger_max_ledger_rollover_time_minutes:
+            problems.append("managed_ledger_min_ledger_rollover_time_minutes must not exceed "
+                            "managed_ledger_max_ledger_rollover_time_minutes")
+        return problems
 
     def override(self, **values: Optional[Any]) -> "BrokerConfig":
         """A copy with the non-None ``values`` applied (CLI flags)."""
         return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; ``problems`` lists every problem, one line each."""
+
+    def __init__(self, problems: list[str], source: str = "broker config"):
+        self.problems = list(problems)
+        self.source = source
+        super().__init__(f"{source}: {len(self.problems)} problem(s):\n  - " + "\n  - ".join(self.problems))
+
+
+MAX_MESSAGE_SIZE_LIMIT = 64 * 1024 * 1024 - 64 * 1024
+_NAME = re.compile(r"[-=:.\w]+")       # as tenant/namespace/cluster names (broker/service/resources.py)
+
+# key -> smallest allowed value
+_MIN_VALUES: dict[str, float] = {
+    "broker_deduplication_entries_interval": 1,
+    "max_message_size": 1,
+    "dispatcher_max_read_batch_size": 1,
+    "max_unacked_messages_per_consumer": 0,               # 0 = unlimited (Pulsar)
+    "replication_policy_check_duration_seconds": 1,
+    "replication_producer_queue_size": 1,
+    "replicator_mark_delete_rate_limit": 0,              # 0 = no limit
+    "replicated_subscriptions_snapshot_frequency_millis": 1,
+    "replicated_subscriptions_snapshot_timeout_seconds": 1,
+    "replicated_subscriptions_snapshot_max_cached_per_subscription": 1,
+    "replicated_subscriptions_update_interval_millis": 0,
+    "managed_ledger_max_entries_per_ledger": 1,
+    "managed_ledger_max_size_per_ledger_mb": 1,
+    "managed_ledger_min_ledger_rollover_time_minutes": 0,
+    "managed_ledger_max_ledger_rollover_time_minutes": 0,
+    "managed_ledger_default_ensemble_size": 1,
+    "managed_ledger_default_write_quorum": 1,
+    "managed_ledger_default_ack_quorum": 1,
+    "managed_ledger_cache_size_mb": 0,                   # 0 = no entry cache
+    "managed_ledger_cursor_max_entries_per_ledger": 1,
+    "default_retention_time_in_minutes": -1,             # -1 = keep forever
+    "default_retention_size_in_mb": -1,
+}
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _describe(value: Any, bare: bool = False) -> str:
+    """``value`` as TOML writes it, named as TOML calls it unless ``bare``:
+    'the string "5MB"', 'the integer 99999', 'the array ["a"]'."""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, (str, list, dict)):
+        text = json.dumps(value, default=str)
+    else:
+        text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    if bare:
+        return text
+    kind = {bool: "the boolean", int: "the integer", float: "the float", str: "the string",
+            list: "the array", dict: "the table"}.get(type(value), f"a {type(value).__name__}")
+    return f"{kind} {text}"
+
+
+_EXPECTED = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
+             str: ("a string", "strings")}
+
+
+def _check_type(key: str, hint: Any, value: Any) -> tuple[Any, Optional[str]]:
+    """``(value, None)`` when ``value`` fits the annotation ``hint`` (an int is
+    widened to a float), else ``(None, problem)``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None, None
+        if len(args) == 1:
+            return _check_type(key, args[0], value)
+        return value, None
+    if typing.get_origin(hint) is list:
+        item = (typing.get_args(hint) or (Any,))[0]
+        checked = [_check_type(key, item, v) for v in value] if isinstance(value, list) else None
+        if checked is not None and all(problem is None for _, problem in checked):
+            return [v for v, _ in checked], None
+        example = ' like ["127.0.0.1:3181", "127.0.0.1:3182"]' if key == "bookies" else ""
+        what = _EXPECTED[item][1] if item in _EXPECTED else "values"
+        return None, f"{key}: expected an array of {what}{example}, got {_describe(value)}"
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value), None
+    if hint in _EXPECTED:
+        if isinstance(value, hint) and not (hint is not bool and isinstance(value, bool)):
+            return value, None
+        return None, f"{key}: expected {_EXPECTED[hint][0]}, got {_describe(value)}"
+    return value, None
+
+
+def _is_address(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host.strip() and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from client.connection import create_channel, map_rpc_error, parse_service_url
-from client.errors import AlreadyClosed, InvalidConfiguration
+from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration
 from client.message_id import MessageId
 from proto import broker_pb2 as pb
 from proto.broker_pb2_grpc import PulsarBrokerStub
@@ -34,18 +34,30 @@ class AdminClient:
     ``AlreadyClosed`` after ``close()``.  Construct and use inside one event loop.
     """
 
-    def __init__(self, service_url: str, operation_timeout_seconds: float = 30):
+    def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
+                 connect_timeout_seconds: float = 2):
         self.service_url = parse_service_url(service_url)
         if operation_timeout_seconds <= 0:
             raise InvalidConfiguration("operation_timeout_seconds must be > 0")
+        if connect_timeout_seconds <= 0:
+            raise InvalidConfiguration("connect_timeout_seconds must be > 0")
         self.operation_timeout_seconds = float(operation_timeout_seconds)
+        self.connect_timeout_seconds = float(connect_timeout_seconds)
         self._channel: grpc.aio.Channel | None = None
         self._stub: PulsarBrokerStub | None = None
+        self._connected = False
         self._closed = False
 
     async def call(self, method: str, **body: Any) -> Any:
         """Send admin verb ``method`` (e.g. ``"topics.stats"``) with JSON ``body``;
-        returns the decoded answer.  Fields whose value is None are left out."""
+        returns the decoded answer.  Fields whose value is None are left out.
+
+        The first call fails fast when nothing listens at the service URL: the
+        broker gets ``connect_timeout_seconds`` to accept the connection (a
+        broker that is just starting), then ``ConnectError`` names the URL (its
+        ``unreachable`` attribute is ``(service_url, reason)``).
+        Once connected, a call waits up to the operation timeout for a broker
+        that restarts."""
         if self._closed:
             raise AlreadyClosed("the admin client is closed")
         if self._channel is None:
@@ -54,10 +66,38 @@ class AdminClient:
         request = pb.AdminRequest(method=method,
                                   body_json=json.dumps({k: v for k, v in body.items() if v is not None}))
         try:
-            resp = await self._stub.Admin(request, timeout=self.operation_timeout_seconds, wait_for_ready=True)
+            if self._connected:
+                resp = await self._stub.Admin(request, timeout=self.operation_timeout_seconds, wait_for_ready=True)
+            else:
+                resp = await self._first_call(request)
         except grpc.aio.AioRpcError as exc:
             raise map_rpc_error(exc, f"admin {method}") from None
         return json.loads(resp.body_json) if resp.body_json else None
+
+    async def _first_call(self, request: pb.AdminRequest) -> pb.AdminResponse:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.operation_timeout_seconds
+        try:
+            # not wait_for_ready: a refused connection fails this call at once instead of
+            # being retried (with backoff) until the operation timeout
+            resp = await self._stub.Admin(request, timeout=self.operation_timeout_seconds, wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            if type(map_rpc_error(exc)) is not ConnectError:
+                raise                                          # the broker answered (e.g. ServiceNotReady)
+            wait = min(self.connect_timeout_seconds, max(0.0, deadline - loop.time()))
+            try:
+                await asyncio.wait_for(self._channel.channel_ready(), wait)
+            except asyncio.TimeoutError:
+                error = ConnectError(f"cannot connect to the broker at {self.service_url} ({_reason(exc)}); "
+                                     f"check that the broker is running and that the service URL is right")
+                error.unreachable = (str(self.service_url), _reason(exc))
+                raise error from None
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise
+            resp = await self._stub.Admin(request, timeout=remaining, wait_for_ready=True)
+        self._connected = True
+        return resp
 
     async def close(self) -> None:
         """Close the channel.  Idempotent."""
@@ -216,15 +256,28 @@ class AdminClient:
         return await self.call("brokers.health")
 
 
+def _reason(exc: grpc.aio.AioRpcError) -> str:
+    """Why the connection failed, short: 'connection refused', 'name not resolved', ..."""
+    details = (exc.details() or "").lower()
+    for needle, reason in (("refused", "connection refused"), ("lookup", "host name not resolved"),
+                           ("resolv", "host name not resolved"), ("dns", "host name not resolved"),
+                           ("timeout", "connection timed out"), ("timed out", "connection timed out"),
+                           ("unreachable", "network unreachable")):
+        if needle in details:
+            return reason
+    return (exc.details() or "unavailable").splitlines()[0][:120]
+
+
 class SyncAdminClient:
     """Blocking wrapper of ``AdminClient`` (same methods, not awaitable), with
     its own event loop thread.  Use as a context manager or call ``close()``."""
 
-    def __init__(self, service_url: str, operation_timeout_seconds: float = 30):
+    def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
+                 connect_timeout_seconds: float = 2):
         from client.sync import LoopThread
         parse_service_url(service_url)  # fail early, in the caller's thread
         self._lt = LoopThread("minipulsar-admin")
-        self._admin = AdminClient(service_url, operation_timeout_seconds)
+        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds)
 
     def __getattr__(self, name: str):
         attr = getattr(self._admin, name)

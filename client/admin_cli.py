@@ -354,6 +354,8 @@ async def _brokers_health(a, args):
 def _explain(exc: BaseException, url: str, timeout: float) -> str:
     """The error line; an unreachable broker gets a hint instead of a bare gRPC status."""
     from client.errors import ConnectError, Timeout
+    if getattr(exc, "unreachable", None):      # nothing accepted the connection: error_line says so
+        return error_line(exc)
     if isinstance(exc, (ConnectError, Timeout)):
         return (f"no answer from the broker at {url} within {timeout:g} s ({error_line(exc)}); check "
                 f"--service-url (or ${SERVICE_URL_ENV}) and that the broker is running")

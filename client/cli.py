@@ -54,6 +54,10 @@ def error_line(exc: BaseException) -> str:
     """The one-line text of an error: the message of a ``PulsarException``
     (which says what to do), else ``Type: message``."""
     from client.errors import PulsarException
+    unreachable = getattr(exc, "unreachable", None)
+    if unreachable:                                   # client.connection.check_reachable, client.admin
+        return (f"no answer from the broker at {unreachable[0]} ({unreachable[1]}): is it running? start it "
+                f"(e.g. minipulsar standalone) or give the right --service-url (or ${SERVICE_URL_ENV})")
     if isinstance(exc, PulsarException):
         return exc.message
     if isinstance(exc, CliError):
@@ -201,6 +205,7 @@ async def produce(args) -> int:
     """``minipulsar-client produce``: send every message ``-n`` times, at most
     ``--rate`` msg/s (0 = as fast as possible); returns the exit status."""
     from client.client import AsyncClient
+    from client.connection import check_reachable
     from client.perf_stats import TokenBucket
 
     if args.num_produce < 1:
@@ -237,6 +242,7 @@ async def produce(args) -> int:
                 f"pending {state['sent'] - state['acked'] - state['failed']}, failed {state['failed']}")
 
     progress = Progress(render, enabled=not args.no_progress)
+    await check_reachable(args.service_url)
     async with AsyncClient(args.service_url) as client:
         producer = await client.create_producer(
             args.topic, batching_enabled=not args.disable_batching, max_pending_messages=max_outstanding,
@@ -279,6 +285,7 @@ async def consume(args) -> int:
     print and acknowledge each; returns the exit status (1 when ``--timeout``
     expired before ``-n`` messages arrived)."""
     from client.client import AsyncClient
+    from client.connection import check_reachable
     from client.consumer_config import ConsumerType, InitialPosition
     from client.errors import Timeout
 
@@ -298,6 +305,7 @@ async def consume(args) -> int:
 
     progress = Progress(render, enabled=not args.no_progress)
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
+    await check_reachable(args.service_url)
     async with AsyncClient(args.service_url) as client:
         consumer = await client.subscribe(args.topic, args.subscription_name, consumer_type=sub_type,
                                           initial_position=position)

@@ -19,7 +19,7 @@ import grpc
 
 from client.errors import ConnectError, InvalidConfiguration, PulsarException, Timeout, error_from_status
 
-__all__ = ["ServiceUrl", "parse_service_url", "create_channel", "channel_options", "Backoff",
+__all__ = ["ServiceUrl", "parse_service_url", "create_channel", "channel_options", "check_reachable", "Backoff",
            "map_rpc_error", "is_retriable", "MAX_GRPC_MESSAGE_BYTES", "SCHEME", "DEFAULT_PORT"]
 
 SCHEME = "minipulsar"
@@ -125,6 +125,45 @@ def create_channel(service_url: str | ServiceUrl, keepalive_interval_seconds: fl
     url = service_url if isinstance(service_url, ServiceUrl) else parse_service_url(service_url)
     return grpc.aio.insecure_channel(url.target, options=channel_options(keepalive_interval_seconds,
                                                                           connection_timeout_ms))
+
+
+async def check_reachable(service_url: str | ServiceUrl, timeout_seconds: float = 2.0) -> None:
+    """Fail fast when nothing accepts TCP connections at ``service_url`` (the
+    command-line tools call it first; the SDK itself keeps waiting up to its
+    operation timeout, as Pulsar's client does). Tries to connect for up to
+    ``timeout_seconds`` (a broker that is just starting) and raises
+    ``ConnectError`` naming the URL and the reason (connection refused, host
+    not resolved, ...); its ``unreachable`` attribute is ``(url, reason)``."""
+    import asyncio
+    import socket
+
+    url = service_url if isinstance(service_url, ServiceUrl) else parse_service_url(service_url)
+    host = url.host[1:-1] if url.host.startswith("[") else url.host
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    reason = "no answer"
+    while True:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, url.port),
+                                               max(0.05, deadline - loop.time()))
+        except ConnectionRefusedError:
+            reason = "connection refused"
+        except socket.gaierror:
+            reason = "host name not resolved"
+        except (asyncio.TimeoutError, TimeoutError):
+            reason = "connection timed out"
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        else:
+            writer.close()
+            return
+        if loop.time() + 0.2 >= deadline:
+            break
+        await asyncio.sleep(0.2)
+    error = ConnectError(f"cannot connect to the broker at {url} ({reason}); check that the broker is running "
+                         f"and that the service URL is right")
+    error.unreachable = (str(url), reason)
+    raise error
 
 
 class Backoff:

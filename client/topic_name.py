@@ -13,8 +13,11 @@ import re
 from .errors import InvalidTopicName
 
 PARTITION_SUFFIX = "-partition-"
-_NAME_PART = re.compile(r"^[-=:.\w]+$")
-_LOCAL_PART = re.compile(r"^[-=:.%\w]+$")
+# fullmatch, not match with "$": "$" also matches before a trailing newline
+_NAME_PART = re.compile(r"[-=:.\w]+")
+_LOCAL_PART = re.compile(r"[-=:.%\w]+")
+_PARTITION = re.compile(r"(.+)-partition-([0-9]+)")     # ASCII digits only ("٣".isdigit() is True)
+_PATH_TRICKS = (".", "..")                               # path segments of the metadata store and URLs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +55,20 @@ class TopicName:
             raise InvalidTopicName(f"invalid topic name {original!r}: expected persistent://tenant/namespace/topic")
         tenant, ns, local = parts
         for label, value in (("tenant", tenant), ("namespace", ns)):
-            if not value or not _NAME_PART.match(value):
+            if not value or not _NAME_PART.fullmatch(value):
                 raise InvalidTopicName(f"invalid {label} {value!r} in topic {original!r}: "
                                        f"use letters, digits, '-', '_', '=', ':' or '.'")
-        if not local or "/" in local or not _LOCAL_PART.match(local):
+        if not local or "/" in local or not _LOCAL_PART.fullmatch(local):
             raise InvalidTopicName(f"invalid local topic name {local!r} in {original!r}: "
                                    f"use letters, digits, '-', '_', '=', ':', '%' or '.' (no '/')")
+        for label, value in (("tenant", tenant), ("namespace", ns), ("local topic name", local)):
+            if value in _PATH_TRICKS:
+                raise InvalidTopicName(f"invalid {label} {value!r} in topic {original!r}: '.' and '..' are "
+                                       f"path tricks, not names; use a name with letters or digits")
+        m = _PARTITION.fullmatch(local)
+        if m and len(m.group(2)) > 1 and m.group(2).startswith("0"):
+            raise InvalidTopicName(f"invalid partition suffix in topic {original!r}: write the partition index "
+                                   f"without leading zeros ({m.group(1)}{PARTITION_SUFFIX}{int(m.group(2))})")
         return cls(domain, tenant, ns, local)
 
     @property
@@ -70,10 +81,8 @@ class TopicName:
     @property
     def partition_index(self) -> int:
         """N for ``<topic>-partition-N``, else -1."""
-        base, sep, idx = self.local_name.rpartition(PARTITION_SUFFIX)
-        if sep and base and idx.isdigit():
-            return int(idx)
-        return -1
+        m = _PARTITION.fullmatch(self.local_name)
+        return int(m.group(2)) if m else -1
 
     @property
     def is_partition(self) -> bool:

@@ -77,8 +77,38 @@ async def ensure_namespace(service, tenant: str, namespace: str, clusters: list[
         pass
 
 
+def standalone_config(args, bookie_ports: list[int], data: Path):
+    """The broker's BrokerConfig: --broker-config file < the standalone's own
+    settings (bookies, ports, data dir, Qw = Qa = E = min(2, N)). Raises
+    ConfigError listing every problem of the file and the flags."""
+    from broker.config import BrokerConfig, ConfigError
+
+    base = BrokerConfig.load_toml(args.broker_config) if args.broker_config else {}
+    decided = [f"{key} is set by minipulsar standalone itself ({how}); remove it from the file"
+               for key, how in _STANDALONE_KEYS.items() if key in base]
+    quorum = min(2, len(bookie_ports))
+    values = {**base, "cluster_name": args.cluster_name, "bookies": [f"127.0.0.1:{p}" for p in bookie_ports],
+              "data_dir": str(data / "broker"), "broker_service_port": args.port, "web_service_port": args.http_port,
+              "managed_ledger_default_ensemble_size": quorum, "managed_ledger_default_write_quorum": quorum,
+              "managed_ledger_default_ack_quorum": quorum}
+    if args.deduplication:
+        values["broker_deduplication_enabled"] = True
+    config, problems = BrokerConfig.parse(values, complete=True)
+    if decided or problems:
+        raise ConfigError(decided + problems, args.broker_config or "standalone flags")
+    return config
+
+
+# BrokerConfig keys the standalone decides (a --broker-config file may not set them), and how to change them
+_STANDALONE_KEYS = {"cluster_name": "--cluster-name", "bookies": "--bookies N starts N local bookies",
+                    "data_dir": "--data-dir", "broker_service_port": "--port", "web_service_port": "--http-port",
+                    "managed_ledger_default_ensemble_size": "min(2, --bookies)",
+                    "managed_ledger_default_write_quorum": "min(2, --bookies)",
+                    "managed_ledger_default_ack_quorum": "min(2, --bookies)"}
+
+
 async def run(args) -> int:
-    from broker.config import BrokerConfig
+    from broker.config import ConfigError
     from broker.server import BrokerServer
 
     data = Path(args.data_dir).resolve()
@@ -89,6 +119,13 @@ async def run(args) -> int:
     while len(ports) < args.bookies:
         ports.append(free_port())
     ports = ports[:max(args.bookies, len(ports))]
+    try:
+        # checked before anything starts: a bad setting never leaves bookies running
+        config = standalone_config(args, ports, data)
+    except ConfigError as exc:
+        from broker.__main__ import print_config_error
+        print_config_error("standalone", exc)
+        return 2
     busy = [p for p in ports if not port_is_free(p)]
     if busy:
         print(f"standalone: bookie port(s) {busy} are in use (another standalone on {data}?); "
@@ -102,16 +139,13 @@ async def run(args) -> int:
             bdir = data / f"bookie-{i}"
             bdir.mkdir(exist_ok=True)
             bookies.append(start_bookie_process(bdir, port, args.journal_sync, data / f"bookie-{i}.log"))
-        quorum = min(2, len(ports))
-        base = BrokerConfig.from_toml(args.broker_config) if args.broker_config else BrokerConfig()
-        config = base.override(cluster_name=args.cluster_name, bookies=[f"127.0.0.1:{p}" for p in ports],
-                               data_dir=str(data / "broker"), broker_service_port=args.port,
-                               web_service_port=args.http_port, managed_ledger_default_ensemble_size=quorum,
-                               managed_ledger_default_write_quorum=quorum, managed_ledger_default_ack_quorum=quorum,
-                               broker_deduplication_enabled=args.deduplication or base.broker_deduplication_enabled)
         server = BrokerServer(config)
-        await server.start()
-        await ensure_namespace(server.service, "public", "default", [args.cluster_name])
+        try:
+            await server.start()
+            await ensure_namespace(server.service, "public", "default", [args.cluster_name])
+        except BaseException:
+            await server.stop()     # a half-started broker would keep this process alive
+            raise
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -159,9 +193,13 @@ def run_from_args(args) -> int:
         return 2
     try:
         import uvloop
-        return uvloop.run(run(args))
+        runner = uvloop.run
     except ImportError:
-        return asyncio.run(run(args))
-    except OSError as exc:
-        print(f"standalone: cannot start: {exc}", file=sys.stderr)
+        runner = asyncio.run
+    try:
+        return runner(run(args))
+    except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit, never a hung process
+        log.debug("start failed", exc_info=True)
+        reason = f"{exc}" if isinstance(exc, (OSError, RuntimeError)) else f"{type(exc).__name__}: {exc}"
+        print(f"standalone: cannot start: {reason}", file=sys.stderr)
         return 1

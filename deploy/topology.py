@@ -483,4 +483,7 @@ class _Checker:
                 self.err(f"[broker] {k} is set by the topology itself (clusters/ports/quorums); remove it")
             elif k not in known:
                 self.err(f"[broker] unknown broker setting {k!r} (see broker/config.py)")
-        return {k: v for k, v in raw.items() if k in known and k not in _RESERVED_BROKER_KEYS}
+        settings = {k: v for k, v in raw.items() if k in known and k not in _RESERVED_BROKER_KEYS}
+        for problem in BrokerConfig.parse(settings)[1]:    # types and ranges, as the broker checks them
+            self.err(f"[broker] {problem}")
+        return settings

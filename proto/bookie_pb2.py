@@ -24,37 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x11minipulsar.bookie\"\x89\x01\n\x0f\x41\x64\x64\x45ntryRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x05 \x01(\x03\x12\x10\n\x08recovery\x18\x06 \x01(\x08\"E\n\x11\x41\x64\x64\x45ntriesRequest\x12\x30\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\".minipulsar.bookie.AddEntryRequest\"t\n\x0e\x41\x64\x64\x45ntryResult\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.minipulsar.bookie.AddStatus\x12\x0f\n\x07message\x18\x04 \x01(\t\"H\n\x12\x41\x64\x64\x45ntriesResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.minipulsar.bookie.AddEntryResult\"V\n\x12ReadEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"=\n\x05\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\"@\n\x13ReadEntriesResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.minipulsar.bookie.Entry\"6\n\rLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\"Q\n\x1cReadLastAddConfirmedResponse\x12\x1a\n\x12last_add_confirmed\x18\x01 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x02 \x01(\x03\"B\n\rFenceResponse\x12\x1a\n\x12last_add_confirmed\x18\x01 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x02 \x01(\x03\"\x16\n\x14\x44\x65leteLedgerResponse*\x9d\x01\n\tAddStatus\x12\x07\n\x03\x45OK\x10\x00\x12\x13\n\x0f\x45_LEDGER_FENCED\x10\x01\x12\x19\n\x15\x45_UNAUTHORIZED_ACCESS\x10\x02\x12\x15\n\x11\x45_ENTRY_TOO_LARGE\x10\x03\x12\x15\n\x11\x45_DUPLICATE_ENTRY\x10\x04\x12\x15\n\x11\x45_INVALID_REQUEST\x10\x05\x12\x12\n\x0e\x45_BOOKIE_ERROR\x10\x06\x32\xd8\x03\n\x06\x42ookie\x12[\n\x08\x41\x64\x64\x45ntry\x12$.minipulsar.bookie.AddEntriesRequest\x1a%.minipulsar.bookie.AddEntriesResponse(\x01\x30\x01\x12^\n\x0bReadEntries\x12%.minipulsar.bookie.ReadEntriesRequest\x1a&.minipulsar.bookie.ReadEntriesResponse0\x01\x12i\n\x14ReadLastAddConfirmed\x12 .minipulsar.bookie.LedgerRequest\x1a/.minipulsar.bookie.ReadLastAddConfirmedResponse\x12K\n\x05\x46\x65nce\x12 .minipulsar.bookie.LedgerRequest\x1a .minipulsar.bookie.FenceResponse\x12Y\n\x0c\x44\x65leteLedger\x12 .minipulsar.bookie.LedgerRequest\x1a\'.minipulsar.bookie.DeleteLedgerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x11minipulsar.bookie\"\xa9\x01\n\x0f\x41\x64\x64\x45ntryRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x05 \x01(\x03\x12\x10\n\x08recovery\x18\x06 \x01(\x08\x12\x13\n\x06\x63rc32c\x18\x07 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32c\"E\n\x11\x41\x64\x64\x45ntriesRequest\x12\x30\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\".minipulsar.bookie.AddEntryRequest\"t\n\x0e\x41\x64\x64\x45ntryResult\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.minipulsar.bookie.AddStatus\x12\x0f\n\x07message\x18\x04 \x01(\t\"H\n\x12\x41\x64\x64\x45ntriesResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.minipulsar.bookie.AddEntryResult\"V\n\x12ReadEntriesRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\"]\n\x05\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x13\n\x06\x63rc32c\x18\x04 \x01(\x07H\x00\x88\x01\x01\x42\t\n\x07_crc32c\"@\n\x13ReadEntriesResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.minipulsar.bookie.Entry\"6\n\rLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\"f\n\x1cReadLastAddConfirmedResponse\x12\x1a\n\x12last_add_confirmed\x18\x01 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x02 \x01(\x03\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"W\n\rFenceResponse\x12\x1a\n\x12last_add_confirmed\x18\x01 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x02 \x01(\x03\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"z\n\nBookieInfo\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ookie_address\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\x12\x18\n\x10read_only_reason\x18\x04 \x01(\t\x12\x12\n\ndisk_usage\x18\x05 \x01(\x01\"\x16\n\x14\x44\x65leteLedgerResponse*\xae\x01\n\tAddStatus\x12\x07\n\x03\x45OK\x10\x00\x12\x13\n\x0f\x45_LEDGER_FENCED\x10\x01\x12\x19\n\x15\x45_UNAUTHORIZED_ACCESS\x10\x02\x12\x15\n\x11\x45_ENTRY_TOO_LARGE\x10\x03\x12\x15\n\x11\x45_DUPLICATE_ENTRY\x10\x04\x12\x15\n\x11\x45_INVALID_REQUEST\x10\x05\x12\x12\n\x0e\x45_BOOKIE_ERROR\x10\x06\x12\x0f\n\x0b\x45_READ_ONLY\x10\x07\x32\xae\x04\n\x06\x42ookie\x12[\n\x08\x41\x64\x64\x45ntry\x12$.minipulsar.bookie.AddEntriesRequest\x1a%.minipulsar.bookie.AddEntriesResponse(\x01\x30\x01\x12^\n\x0bReadEntries\x12%.minipulsar.bookie.ReadEntriesRequest\x1a&.minipulsar.bookie.ReadEntriesResponse0\x01\x12i\n\x14ReadLastAddConfirmed\x12 .minipulsar.bookie.LedgerRequest\x1a/.minipulsar.bookie.ReadLastAddConfirmedResponse\x12K\n\x05\x46\x65nce\x12 .minipulsar.bookie.LedgerRequest\x1a .minipulsar.bookie.FenceResponse\x12Y\n\x0c\x44\x65leteLedger\x12 .minipulsar.bookie.LedgerRequest\x1a\'.minipulsar.bookie.DeleteLedgerResponse\x12T\n\rGetBookieInfo\x12$.minipulsar.bookie.BookieInfoRequest\x1a\x1d.minipulsar.bookie.BookieInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ADDSTATUS']._serialized_start=887
-  _globals['_ADDSTATUS']._serialized_end=1044
+  _globals['_ADDSTATUS']._serialized_start=1138
+  _globals['_ADDSTATUS']._serialized_end=1312
   _globals['_ADDENTRYREQUEST']._serialized_start=36
-  _globals['_ADDENTRYREQUEST']._serialized_end=173
-  _globals['_ADDENTRIESREQUEST']._serialized_start=175
-  _globals['_ADDENTRIESREQUEST']._serialized_end=244
-  _globals['_ADDENTRYRESULT']._serialized_start=246
-  _globals['_ADDENTRYRESULT']._serialized_end=362
-  _globals['_ADDENTRIESRESPONSE']._serialized_start=364
-  _globals['_ADDENTRIESRESPONSE']._serialized_end=436
-  _globals['_READENTRIESREQUEST']._serialized_start=438
-  _globals['_READENTRIESREQUEST']._serialized_end=524
-  _globals['_ENTRY']._serialized_start=526
-  _globals['_ENTRY']._serialized_end=587
-  _globals['_READENTRIESRESPONSE']._serialized_start=589
-  _globals['_READENTRIESRESPONSE']._serialized_end=653
-  _globals['_LEDGERREQUEST']._serialized_start=655
-  _globals['_LEDGERREQUEST']._serialized_end=709
-  _globals['_READLASTADDCONFIRMEDRESPONSE']._serialized_start=711
-  _globals['_READLASTADDCONFIRMEDRESPONSE']._serialized_end=792
-  _globals['_FENCERESPONSE']._serialized_start=794
-  _globals['_FENCERESPONSE']._serialized_end=860
-  _globals['_DELETELEDGERRESPONSE']._serialized_start=862
-  _globals['_DELETELEDGERRESPONSE']._serialized_end=884
-  _globals['_BOOKIE']._serialized_start=1047
-  _globals['_BOOKIE']._serialized_end=1519
+  _globals['_ADDENTRYREQUEST']._serialized_end=205
+  _globals['_ADDENTRIESREQUEST']._serialized_start=207
+  _globals['_ADDENTRIESREQUEST']._serialized_end=276
+  _globals['_ADDENTRYRESULT']._serialized_start=278
+  _globals['_ADDENTRYRESULT']._serialized_end=394
+  _globals['_ADDENTRIESRESPONSE']._serialized_start=396
+  _globals['_ADDENTRIESRESPONSE']._serialized_end=468
+  _globals['_READENTRIESREQUEST']._serialized_start=470
+  _globals['_READENTRIESREQUEST']._serialized_end=556
+  _globals['_ENTRY']._serialized_start=558
+  _globals['_ENTRY']._serialized_end=651
+  _globals['_READENTRIESRESPONSE']._serialized_start=653
+  _globals['_READENTRIESRESPONSE']._serialized_end=717
+  _globals['_LEDGERREQUEST']._serialized_start=719
+  _globals['_LEDGERREQUEST']._serialized_end=773
+  _globals['_READLASTADDCONFIRMEDRESPONSE']._serialized_start=775
+  _globals['_READLASTADDCONFIRMEDRESPONSE']._serialized_end=877
+  _globals['_FENCERESPONSE']._serialized_start=879
+  _globals['_FENCERESPONSE']._serialized_end=966
+  _globals['_BOOKIEINFOREQUEST']._serialized_start=968
+  _globals['_BOOKIEINFOREQUEST']._serialized_end=987
+  _globals['_BOOKIEINFO']._serialized_start=989
+  _globals['_BOOKIEINFO']._serialized_end=1111
+  _globals['_DELETELEDGERRESPONSE']._serialized_start=1113
+  _globals['_DELETELEDGERRESPONSE']._serialized_end=1135
+  _globals['_BOOKIE']._serialized_start=1315
+  _globals['_BOOKIE']._serialized_end=1873
 # @@protoc_insertion_point(module_scope)

@@ -59,6 +59,11 @@ class BookieStub:
                 request_serializer=bookie__pb2.LedgerRequest.SerializeToString,
                 response_deserializer=bookie__pb2.DeleteLedgerResponse.FromString,
                 _registered_method=True)
+        self.GetBookieInfo = channel.unary_unary(
+                '/minipulsar.bookie.Bookie/GetBookieInfo',
+                request_serializer=bookie__pb2.BookieInfoRequest.SerializeToString,
+                response_deserializer=bookie__pb2.BookieInfo.FromString,
+                _registered_method=True)
 
 
 class BookieServicer:
@@ -89,6 +94,13 @@ class BookieServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteLedger(self, request, context):
+        """Needs the ledger's master key (PERMISSION_DENIED when it differs from the stored one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBookieInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,6 +133,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.DeleteLedger,
                     request_deserializer=bookie__pb2.LedgerRequest.FromString,
                     response_serializer=bookie__pb2.DeleteLedgerResponse.SerializeToString,
+            ),
+            'GetBookieInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBookieInfo,
+                    request_deserializer=bookie__pb2.BookieInfoRequest.FromString,
+                    response_serializer=bookie__pb2.BookieInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +275,33 @@ class Bookie:
             '/minipulsar.bookie.Bookie/DeleteLedger',
             bookie__pb2.LedgerRequest.SerializeToString,
             bookie__pb2.DeleteLedgerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBookieInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minipulsar.bookie.Bookie/GetBookieInfo',
+            bookie__pb2.BookieInfoRequest.SerializeToString,
+            bookie__pb2.BookieInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -206,12 +206,12 @@ async def test_fencing_cuts_off_writer_but_not_recovery(stub):
 async def test_delete_ledger(stub):
     ledger = new_ledger()
     await add_all(stub, [add_req(ledger, e) for e in range(3)])
-    await stub.DeleteLedger(pb.LedgerRequest(ledger_id=ledger))
+    await stub.DeleteLedger(pb.LedgerRequest(ledger_id=ledger, master_key=KEY))  # the ledger's key
     await assert_rpc_error(read_all(stub, ledger, 0, 0), grpc.StatusCode.NOT_FOUND, f"ledger {ledger}")
     await assert_rpc_error(stub.ReadLastAddConfirmed(pb.LedgerRequest(ledger_id=ledger)),
                            grpc.StatusCode.NOT_FOUND, "not found")
-    await stub.DeleteLedger(pb.LedgerRequest(ledger_id=ledger))  # idempotent
-    await stub.DeleteLedger(pb.LedgerRequest(ledger_id=new_ledger()))  # unknown: OK
+    await stub.DeleteLedger(pb.LedgerRequest(ledger_id=ledger, master_key=KEY))  # idempotent
+    await stub.DeleteLedger(pb.LedgerRequest(ledger_id=new_ledger(), master_key=KEY))  # unknown: OK
     # the id is free again: a new writer with another key may create it
     [r] = await add_all(stub, [add_req(ledger, 0, payload=b"new", key=b"new-key")])
     assert r.status == pb.EOK
