@@ -82,3 +82,13 @@ def standalone_factory(tmp_path, process_tracker):
                                 tracker=process_tracker)
 
     return factory
+
+
+@pytest.fixture
+async def meta(tmp_path):
+    """A SqliteMetadataStore in the test's tmp dir (storage tests run the bookie client in-process)."""
+    from broker.metadata import SqliteMetadataStore
+
+    store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
+    yield store
+    await store.close()

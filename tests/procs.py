@@ -302,3 +302,10 @@ def start_broker(data_dir, bookies, config_file=None, extra_args=(), tracker: Pr
     """Start a broker process on ``bookies`` (addresses ``host:port``) and wait until it
     is ready (blocking, ~1-2 s). ``config_file``: a TOML file of BrokerConfig keys."""
     return BrokerProcess(data_dir, bookies, config_file, extra_args, tracker, ready_timeout_s, port).start()
+
+
+def restart_bookie_same_port(proc: BookieProcess, extra_args=()) -> BookieProcess:
+    """Start a stopped bookie again on its data dir and its port (ledger metadata names
+    bookies by address), with the same tracker; ``extra_args`` e.g. ``("--format",)``."""
+    return start_bookie(proc.data_dir, proc.journal_sync, ("--port", str(proc.port), *extra_args),
+                        tracker=proc.tracker)

@@ -11,6 +11,8 @@ ledgers' space comes back and the bookie is writable again below the low mark.
 """
 from __future__ import annotations
 
+from tests.procs import restart_bookie_same_port
+
 import asyncio
 import os
 import sqlite3
@@ -34,17 +36,9 @@ KEY = b"the-key"
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
-@pytest.fixture
-async def meta(tmp_path):
-    store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
-    yield store
-    await store.close()
 
 
-def restart_same_port(proc, extra_args=()):
-    """Start a stopped bookie again on its data dir and port (metadata names bookies by address)."""
-    return start_bookie(proc.data_dir, proc.journal_sync, ("--port", str(proc.port), *extra_args),
-                        tracker=proc.tracker)
+restart_same_port = restart_bookie_same_port
 
 
 def start_refused(proc, extra_args=()) -> str:

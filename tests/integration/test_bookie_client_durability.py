@@ -11,6 +11,8 @@ BOOKKEEPER #2615).
 """
 from __future__ import annotations
 
+from tests.procs import restart_bookie_same_port
+
 import asyncio
 import collections
 import os
@@ -21,7 +23,6 @@ import pytest
 
 from bookie.client import BookieConnection, BookKeeper, ledger_path
 from bookie.errors import BookieUnavailableError, NotEnoughBookiesError
-from broker.metadata import SqliteMetadataStore
 from proto import bookie_pb2 as pb
 from proto import metadata_pb2
 from tests.faulty_bookie import start_faulty_bookie
@@ -31,18 +32,9 @@ pytestmark = pytest.mark.timeout(180)
 State = metadata_pb2.LedgerMetadata.State
 
 
-def same_port(proc):
-    """Restart a stopped bookie on the same port: ledger metadata names bookies by address."""
-    from tests.procs import start_bookie
-
-    return start_bookie(proc.data_dir, proc.journal_sync, ("--port", str(proc.port)), tracker=proc.tracker)
+same_port = restart_bookie_same_port
 
 
-@pytest.fixture
-async def meta(tmp_path):
-    store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
-    yield store
-    await store.close()
 
 
 async def stored(bk: BookKeeper, address: str, ledger_id: int, entry_id: int) -> bytes | None:

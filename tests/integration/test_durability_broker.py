@@ -10,6 +10,8 @@ are killed or paused: what a user of the broker's defaults (E=Qw=Qa=2) sees.
 """
 from __future__ import annotations
 
+from tests.procs import restart_bookie_same_port
+
 import asyncio
 import os
 import signal
@@ -23,8 +25,7 @@ from client.errors import AlreadyExists, PulsarException
 from tests.procs import start_bookie, start_broker
 
 
-def _same_port(bookie):
-    return start_bookie(bookie.data_dir, bookie.journal_sync, ("--port", str(bookie.port)), tracker=bookie.tracker)
+_same_port = restart_bookie_same_port
 
 
 @pytest.fixture

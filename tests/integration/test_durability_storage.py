@@ -18,6 +18,8 @@ Each test pins one rule of BookKeeper/Pulsar and fails on the code before it:
 """
 from __future__ import annotations
 
+from tests.procs import restart_bookie_same_port
+
 import asyncio
 import os
 import signal
@@ -28,15 +30,10 @@ from bookie.client import BookKeeper
 from broker.ledger.managed_cursor import InvalidCursorPosition, ManagedCursorError
 from broker.ledger.managed_ledger import ManagedLedgerClosedError, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.ledger.position import Position
-from broker.metadata import SqliteMetadataStore
 from proto import metadata_pb2
 
 
-def same_port(proc):
-    """Restart a stopped bookie on the same port: ledger metadata names bookies by address."""
-    from tests.procs import start_bookie
-
-    return start_bookie(proc.data_dir, proc.journal_sync, ("--port", str(proc.port)), tracker=proc.tracker)
+same_port = restart_bookie_same_port
 
 
 def config(**kw) -> ManagedLedgerConfig:
@@ -50,11 +47,6 @@ def config(**kw) -> ManagedLedgerConfig:
     return cfg
 
 
-@pytest.fixture
-async def meta(tmp_path):
-    store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
-    yield store
-    await store.close()
 
 
 async def _open(meta, addresses, name, cfg=None, **bk_options):
