@@ -180,6 +180,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         writer = ConsumerWriter()
         consumer = Consumer(sub.consumer_name or f"consumer-{id(writer) & 0xffffff:x}", sub.priority_level,
                             writer.send, self.service.config.max_unacked_messages_per_consumer)
+        consumer.on_disconnect = writer.close
         try:
             check_subscription_name(sub.subscription)
             topic = await self.service.get_topic(sub.topic)
@@ -187,11 +188,14 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         except Exception as exc:
             await abort_with(context, exc)
             return
-        await context.write(pb.ConsumerResponse(subscribed=pb.SubscribeSuccess(
-            consumer_name=consumer.name, topic=str(topic.name))))
-        reader_task = asyncio.create_task(self._consumer_reader(context, topic, subscription, consumer, writer))
-        consumer.on_disconnect = writer.close
+        reader_task = None
         try:
+            # Inside the try: a client that went away meanwhile (the write fails or the
+            # call is cancelled) must not leave its consumer attached, or an Exclusive
+            # subscription answers ConsumerBusy to every later subscribe.
+            await context.write(pb.ConsumerResponse(subscribed=pb.SubscribeSuccess(
+                consumer_name=consumer.name, topic=str(topic.name))))
+            reader_task = asyncio.create_task(self._consumer_reader(context, topic, subscription, consumer, writer))
             while True:
                 response = await writer.queue.get()
                 if response is None:
@@ -201,7 +205,8 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 await abort_with(context, ServiceNotReady(
                     f"topic {topic.name} was unloaded or deleted on this broker; look it up again"))
         finally:
-            reader_task.cancel()
+            if reader_task is not None:
+                reader_task.cancel()
             subscription.remove_consumer(consumer)
             if not subscription.durable:
                 await subscription.close()
