@@ -267,9 +267,10 @@ class ManagedCursor:
             entries = await self.ml.read_entries(pos, max_count - len(out), max_bytes - size)
             if generation != self._read_generation:
                 # A rewind/seek/reset moved the read position while the bookies answered:
-                # this read is stale (it must not move the read position past the new one).
-                out, size = [], 0
-                continue
+                # this read is stale. Return nothing and leave the read position where the
+                # rewind put it: the caller (a dispatcher that also noticed the rewind and
+                # drops what it gets) reads again.
+                return []
             if not entries:
                 # pos is past the end of its ledger: continue in the next one.
                 nxt = self.ml._next_ledger_start(pos)

@@ -754,3 +754,18 @@ def test_durability_model_replay(tmp_path):
         replay_steps(Path(_env("MINIPULSAR_MODEL_REPLAY")).read_text())
     finally:
         print(_totals(DurabilityModel.results), flush=True)
+
+
+@pytest.mark.timeout(300)
+def test_durability_model_replay_consumer_changes_during_bookie_pauses(tmp_path):
+    """A sequence the long run found (40 steps: clean broker restarts, bookie pauses, consumers
+    reopened while a read from a paused bookie was in flight). Before the fixes a consumer whose
+    client left before the subscribe answer kept the Exclusive subscription busy (ConsumerBusy for
+    every later subscribe), and a cursor read that finished after a rewind moved the read position
+    past 100 unacknowledged messages, which were then never delivered."""
+    DurabilityModel.base_dir = tmp_path
+    DurabilityModel.results = []
+    try:
+        replay_steps((Path(__file__).parent / "model_replays" / "consumer_changes_during_bookie_pauses.txt").read_text())
+    finally:
+        print(_totals(DurabilityModel.results), flush=True)
