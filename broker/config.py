@@ -132,6 +132,8 @@ class BrokerConfig(ManagedLedgerSettings):
         for key, lo in _MIN_VALUES.items():
             check(key, getattr(self, key) >= lo, f"must be >= {lo}")
         check("bookkeeper_client_timeout_in_seconds", self.bookkeeper_client_timeout_in_seconds > 0, "must be > 0")
+        check("managed_ledger_cache_eviction_watermark", 0 < self.managed_ledger_cache_eviction_watermark <= 1,
+              "must be a fraction of managed_ledger_cache_size_mb in (0, 1]")
         check("broker_service_port", 0 <= self.broker_service_port <= 65535,
               "must be a TCP port in 0..65535 (0 = any free port)")
         check("web_service_port", -1 <= self.web_service_port <= 65535,
@@ -203,6 +205,8 @@ _MIN_VALUES: dict[str, float] = {
     "managed_ledger_default_write_quorum": 1,
     "managed_ledger_default_ack_quorum": 1,
     "managed_ledger_cache_size_mb": 0,                   # 0 = no entry cache
+    "managed_ledger_cache_eviction_interval_ms": 0,      # 0 = no eviction task (only the size cap evicts)
+    "managed_ledger_cache_eviction_time_threshold_millis": 0,   # 0 = no eviction by age
     "managed_ledger_cursor_max_entries_per_ledger": 1,
     "default_retention_time_in_minutes": -1,             # -1 = keep forever
     "default_retention_size_in_mb": -1,

@@ -84,6 +84,7 @@ class ManagedCursor:
         self.persistent_mark_delete_position: Position = Position(-1, -1)
         self.read_position: Position = Position(-1, -1)
         self._read_generation = 0      # bumped by rewind/seek/reset: a read in flight then is stale
+        self.active = False            # has read: its read position holds back entry-cache eviction
         self.individual_deleted = AckRangeSet()
         self.batch_deleted = BatchDeletedIndexes()
         self.properties: dict[str, int] = {}         # LongProperty, persisted with mark-delete
@@ -256,6 +257,9 @@ class ManagedCursor:
     async def read_entries(self, max_count: int, max_bytes: int = 5 * 1024 * 1024) -> list[Entry]:
         """Up to ``max_count`` unacknowledged entries from the read position on (may
         cross ledgers), advancing the read position past them. [] when none yet."""
+        if not self.active:
+            self.active = True         # ManagedCursorImpl.setActive: new adds are cached for it
+            self.ml.cache.active = True
         out: list[Entry] = []
         size = 0
         while len(out) < max_count and size < max_bytes:

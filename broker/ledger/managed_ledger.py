@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import weakref
 from typing import Optional
 
 from bookie.client import BookKeeper, LedgerHandle
@@ -80,6 +81,12 @@ class ManagedLedgerSettings:
     managed_ledger_default_write_quorum: int = 2
     managed_ledger_default_ack_quorum: int = 2
     managed_ledger_cache_size_mb: int = 256
+    # Entry cache eviction (Pulsar's managedLedgerCacheEvictionIntervalMs, ...TimeThresholdMillis,
+    # ...Watermark, cacheEvictionByMarkDeletedPosition); see broker/ledger/entry_cache.py.
+    managed_ledger_cache_eviction_interval_ms: int = 10
+    managed_ledger_cache_eviction_time_threshold_millis: int = 1000
+    managed_ledger_cache_eviction_watermark: float = 0.9
+    cache_eviction_by_mark_deleted_position: bool = False
     managed_ledger_cursor_max_entries_per_ledger: int = 50000
     # Pulsar's defaultRetentionTimeInMinutes / defaultRetentionSizeInMB:
     # consumed ledgers are kept while within either limit; -1 = keep forever.
@@ -119,7 +126,8 @@ class ManagedLedger:
         self._current_size = 0
         self.last_confirmed: Position = Position(-1, -1)
         self.cursors: dict[str, "ManagedCursor"] = {}  # noqa: F821 (durable and non-durable)
-        self.cache: EntryCache = factory.cache_manager.new_cache(name)
+        self.cache: EntryCache = factory.cache_manager.new_cache(name, self.cache_eviction_position)
+        self._readers: "weakref.WeakSet" = weakref.WeakSet()   # live non-durable cursors (for the cache)
         self._queued: list[tuple[bytes, asyncio.Future]] = []
         # Adds not confirmed on a ledger that failed: resubmitted first, in order, to the next ledger.
         self._failed_adds: list[tuple[bytes, asyncio.Future]] = []
@@ -578,7 +586,9 @@ class ManagedLedger:
         """A cursor kept only in memory (Reader); it does not hold back trimming."""
         from .managed_cursor import ManagedCursor
 
-        return ManagedCursor.non_durable(self, start, name or f"reader-{id(start)}-{time.monotonic_ns()}", inclusive)
+        cursor = ManagedCursor.non_durable(self, start, name or f"reader-{id(start)}-{time.monotonic_ns()}", inclusive)
+        self._readers.add(cursor)
+        return cursor
 
     async def delete_cursor(self, name: str) -> None:
         """Remove a durable cursor, its cursor ledger and metadata."""
@@ -603,6 +613,25 @@ class ManagedLedger:
         (ManagedCursorImpl.persistentMarkDeletePosition); None without durable cursors."""
         durable = [c.persistent_mark_delete_position for c in self.cursors.values() if c.durable]
         return min(durable) if durable else None
+
+    def cache_eviction_position(self) -> Optional[Position]:
+        """The entry cache may drop every entry before this position: the slowest
+        read position of the active cursors (durable and non-durable; Pulsar's
+        getEarlierReadPositionForActiveCursors), or the position after the slowest
+        mark-delete with ``cache_eviction_by_mark_deleted_position``. None when no
+        cursor is active (a cursor is active once it has read; the dedup cursor and
+        subscriptions recovered without consumers are not)."""
+        by_md = self.config.cache_eviction_by_mark_deleted_position
+        slowest = None
+        for cursors in (self.cursors.values(), list(self._readers)):
+            for c in cursors:
+                if not c.active or c._closed:
+                    continue
+                p = Position(c.mark_delete_position.ledger_id, c.mark_delete_position.entry_id + 1) \
+                    if by_md else c.read_position
+                if slowest is None or p < slowest:
+                    slowest = p
+        return slowest
 
     async def _trim_consumed_ledgers(self) -> None:
         """Pulsar's internalTrimConsumedLedgers: delete the closed ledgers, oldest
@@ -696,7 +725,11 @@ class ManagedLedgerFactory:
         self.metadata = metadata
         self.bk = bk
         self.config = config or ManagedLedgerConfig()
-        self.cache_manager = EntryCacheManager(self.config.managed_ledger_cache_size_mb * 1024 * 1024)
+        c = self.config
+        self.cache_manager = EntryCacheManager(c.managed_ledger_cache_size_mb * 1024 * 1024,
+                                               c.managed_ledger_cache_eviction_watermark,
+                                               c.managed_ledger_cache_eviction_interval_ms,
+                                               c.managed_ledger_cache_eviction_time_threshold_millis)
         self._ledgers: dict[str, ManagedLedger] = {}
         self._opening: dict[str, asyncio.Task] = {}
 
@@ -731,3 +764,4 @@ class ManagedLedgerFactory:
     async def close(self) -> None:
         for ml in list(self._ledgers.values()):
             await ml.close()
+        await self.cache_manager.close()

@@ -11,7 +11,10 @@ from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerSetti
 
 def test_every_managed_ledger_key_reaches_the_managed_ledger_config():
     keys = [f.name for f in dataclasses.fields(ManagedLedgerSettings)]
-    values = {k: (7 if isinstance(getattr(ManagedLedgerSettings, k), int) else 7.5) for k in keys}
+    def sample(default):   # a valid non-default value of the key's type
+        return True if isinstance(default, bool) else 7 if isinstance(default, int) else 0.75
+
+    values = {k: sample(getattr(ManagedLedgerSettings, k)) for k in keys}
     ml = BrokerConfig.from_dict({**values, "max_message_size": 1000}).managed_ledger_config()
     assert isinstance(ml, ManagedLedgerConfig)
     assert {k: getattr(ml, k) for k in keys} == values
