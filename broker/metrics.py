@@ -3,11 +3,14 @@
 HTTP server thread; it only copies numbers)."""
 from __future__ import annotations
 
+import gc
 import logging
+import threading
+import time
 from typing import Optional
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +74,105 @@ class BrokerCollector:
                 repl_connected.add_metric(rl, 1 if r.get("connected") else 0)
         yield from (in_msgs, in_bytes, rate_in, rate_out, storage, backlog, producers, subs, consumers,
                     sub_backlog, sub_unacked, repl_backlog, repl_rate, repl_tput, repl_delay, repl_connected)
+        yield from self._cache_metrics(cluster)
         for extra in getattr(self.service, "extra_metrics", lambda: [])():
             yield extra
+
+
+    def _cache_metrics(self, cluster: str):
+        """Broker-wide entry cache figures (Pulsar's pulsar_ml_cache_* metrics)."""
+        factory = getattr(self.service, "ml_factory", None)
+        manager = getattr(factory, "cache_manager", None)
+        if manager is None:
+            return
+        caches = manager.caches()
+        lv = [cluster]
+        used = GaugeMetricFamily("pulsar_ml_cache_used_size", "Bytes held by the entry caches, per-entry overhead "
+                                 "included (managed_ledger_cache_size_mb bounds it)", labels=["cluster"])
+        used.add_metric(lv, manager.total)
+        entries = GaugeMetricFamily("pulsar_ml_cache_entries", "Entries held by the entry caches", labels=["cluster"])
+        entries.add_metric(lv, sum(c.count for c in caches))
+        hits = CounterMetricFamily("pulsar_ml_cache_hits", "Entry cache lookups that found the entry",
+                                   labels=["cluster"])
+        hits.add_metric(lv, sum(c.hits for c in caches))
+        misses = CounterMetricFamily("pulsar_ml_cache_misses", "Entry cache lookups that did not (read from bookies)",
+                                     labels=["cluster"])
+        misses.add_metric(lv, sum(c.misses for c in caches))
+        evicted = CounterMetricFamily("pulsar_ml_cache_evicted_entries", "Entries evicted from the entry caches, by "
+                                      "rule (readers, age, size, trim, inactive)", labels=["cluster", "reason"])
+        for reason, n in sorted(manager.evicted_entries.items()):
+            evicted.add_metric(lv + [reason], n)
+        yield from (used, entries, hits, misses, evicted)
+
+
+# Upper bounds (seconds) of the GC pause histogram buckets.
+GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+
+
+class GcPauseCollector:
+    """Histogram of the cyclic garbage collector's pauses per generation
+    (``python_gc_pause_seconds{generation}``; the JVM's ``jvm_gc_collection_seconds``
+    in Pulsar), plus the last and longest pause (``python_gc_last_pause_seconds``,
+    ``python_gc_max_pause_seconds``). A collection stops every thread of the
+    process, the broker's event loop included. Timed with ``gc.callbacks``
+    (one ``perf_counter`` call at the start and the end of each collection);
+    install once per process with :func:`gc_pause_collector`."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self._buckets = [[0] * (len(GC_PAUSE_BUCKETS) + 1) for _ in range(3)]  # last bucket: +Inf
+        self._count = [0, 0, 0]
+        self._sum = [0.0, 0.0, 0.0]
+        self._last = [0.0, 0.0, 0.0]
+        self._max = [0.0, 0.0, 0.0]
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._start
+        gen = min(int(info.get("generation", 2)), 2)
+        i = 0
+        while i < len(GC_PAUSE_BUCKETS) and pause > GC_PAUSE_BUCKETS[i]:
+            i += 1
+        self._buckets[gen][i] += 1
+        self._count[gen] += 1
+        self._sum[gen] += pause
+        self._last[gen] = pause
+        if pause > self._max[gen]:
+            self._max[gen] = pause
+
+    def collect(self):
+        hist = HistogramMetricFamily("python_gc_pause_seconds", "Pauses of the cyclic garbage collector "
+                                     "(every thread stops), by generation", labels=["generation"])
+        last = GaugeMetricFamily("python_gc_last_pause_seconds", "The latest collection's pause, by generation",
+                                 labels=["generation"])
+        longest = GaugeMetricFamily("python_gc_max_pause_seconds", "The longest pause since start, by generation",
+                                    labels=["generation"])
+        for gen in range(3):
+            counts = list(self._buckets[gen])
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, GC_PAUSE_BUCKETS), "+Inf"], counts):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            hist.add_metric([str(gen)], buckets, self._sum[gen])
+            last.add_metric([str(gen)], self._last[gen])
+            longest.add_metric([str(gen)], self._max[gen])
+        yield from (hist, last, longest)
+
+
+_gc_collector: Optional[GcPauseCollector] = None
+_gc_lock = threading.Lock()
+
+
+def gc_pause_collector() -> GcPauseCollector:
+    """The process's GcPauseCollector, hooked into ``gc.callbacks`` on first use."""
+    global _gc_collector
+    with _gc_lock:
+        if _gc_collector is None:
+            _gc_collector = GcPauseCollector()
+            gc.callbacks.append(_gc_collector._callback)
+        return _gc_collector
 
 
 def start_metrics_server(service, host: str, port: int) -> tuple[Optional[object], int]:
@@ -81,5 +181,6 @@ def start_metrics_server(service, host: str, port: int) -> tuple[Optional[object
         return None, -1
     registry = CollectorRegistry()
     registry.register(BrokerCollector(service))
+    registry.register(gc_pause_collector())
     httpd, _thread = start_http_server(port, addr=host, registry=registry)
     return httpd, httpd.server_port
