@@ -188,6 +188,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         except Exception as exc:
             await abort_with(context, exc)
             return
+        log.info("[%s][%s] consumer %s subscribed (%s)", topic.name, sub.subscription, consumer.name, context.peer())
         reader_task = None
         try:
             # Inside the try: a client that went away meanwhile (the write fails or the
@@ -208,6 +209,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             if reader_task is not None:
                 reader_task.cancel()
             subscription.remove_consumer(consumer)
+            log.info("[%s][%s] consumer %s removed", topic.name, sub.subscription, consumer.name)
             if not subscription.durable:
                 await subscription.close()
 

@@ -172,21 +172,31 @@ class ConsumerImpl:
         return pb.ConsumerRequest(subscribe=sub)
 
     async def _connect(self) -> None:
+        """Open a Consume stream, subscribe, resend pending acks, grant the first permits.
+
+        Timeouts use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11,
+        ``wait_for`` returns the inner result when the task is cancelled in the same
+        loop iteration as the answer arrives, swallowing the cancellation; a
+        consumer closed at that moment then kept its stream (and an Exclusive
+        subscription: ConsumerBusy for everyone after it).  Raises the broker's
+        error, ``Timeout``, or ``AlreadyClosed`` when the consumer was closed meanwhile."""
         timeout = self._client.operation_timeout_seconds
         call = self._client.stub.Consume()
         try:
-            await asyncio.wait_for(call.write(self._subscribe_request()), timeout)
-            deadline = self._loop.time() + timeout
-            while True:
-                resp = await asyncio.wait_for(call.read(), max(0.001, deadline - self._loop.time()))
-                if resp is grpc.aio.EOF:
-                    raise ConnectError(f"broker closed the consumer stream of {self.topic} while subscribing")
-                kind = resp.WhichOneof("response")
-                if kind == "subscribed":
-                    break
-                if kind == "error":
-                    raise error_from_status(resp.error.error, resp.error.message)
-                self._handle(resp)
+            async with asyncio.timeout(timeout):
+                await call.write(self._subscribe_request())
+                while True:
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        raise ConnectError(f"broker closed the consumer stream of {self.topic} while subscribing")
+                    kind = resp.WhichOneof("response")
+                    if kind == "subscribed":
+                        break
+                    if kind == "error":
+                        raise error_from_status(resp.error.error, resp.error.message)
+                    self._handle(resp)
+            if self.closed:
+                raise AlreadyClosed(f"consumer of {self.topic} was closed while subscribing")
             self._epoch = 0
             self._pending_flow = 0
             self._pending_redeliver.clear()
@@ -194,14 +204,14 @@ class ConsumerImpl:
             # Acks still pending (kept across the reconnection, Pulsar) leave before the first
             # Flow: the broker applies them before it dispatches anything on this stream, so
             # it does not redeliver what the application already acknowledged.
-            for ack in self._take_acks():
-                await asyncio.wait_for(call.write(pb.ConsumerRequest(ack=ack)), timeout)
-            await asyncio.wait_for(call.write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial()))),
-                                   timeout)
+            async with asyncio.timeout(timeout):
+                for ack in self._take_acks():
+                    await call.write(pb.ConsumerRequest(ack=ack))
+                await call.write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial())))
         except grpc.aio.AioRpcError as e:
             self._connect_failed(call)
             raise error_from_status(e.code(), e.details()) from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._connect_failed(call)
             raise Timeout(f"subscribing to {self.topic} took more than {timeout} s") from None
         except BaseException:
@@ -288,9 +298,12 @@ class ConsumerImpl:
                 return False
             try:
                 await self._connect()
-                log.info("[%s][%s] consumer reconnected", self.topic, self.conf.subscription_name)
+                log.info("[%s][%s] consumer %s reconnected", self.topic, self.conf.subscription_name,
+                         self.consumer_name)
                 return True
             except PulsarException as e:
+                if self.closed:
+                    return False
                 if not e.retriable and not isinstance(e, Timeout):
                     log.error("[%s][%s] giving up reconnecting: %s", self.topic, self.conf.subscription_name, e)
                     self._fail(e)
@@ -344,8 +357,8 @@ class ConsumerImpl:
         for task in (self._run_task, self._maintenance_task, *self._background):
             if task is not None and not task.done():
                 task.cancel()
-        if call is not None:
-            call.cancel()
+        for c in {call, self._call} - {None}:  # self._call: a stream a reconnection opened meanwhile
+            c.cancel()
         self._call = None
         self._connected.clear()
         for fut in self._requests.values():
@@ -355,6 +368,7 @@ class ConsumerImpl:
             self.queue.close()
         else:
             self.queue.remove_if(lambda m: m._consumer is self)
+        log.info("[%s][%s] closed consumer %s", self.topic, self.conf.subscription_name, self.consumer_name)
 
     # ------------------------------------------------------------------ sending
     async def _write(self, request: pb.ConsumerRequest) -> None:

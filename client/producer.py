@@ -296,7 +296,14 @@ class Producer:
             call = None
             try:
                 call = self._client.stub.Produce()
-                await asyncio.wait_for(self._create(call), timeout)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+                # cancellation that lands as the answer arrives, and a producer closed
+                # then would keep its stream (ProducerBusy for its name).
+                async with asyncio.timeout(timeout):
+                    await self._create(call)
+                if self._state not in (_CONNECTING, _READY):
+                    call.cancel()
+                    return
                 backoff.reset()
                 await self._serve(call)
                 if self._state == _CLOSING:

@@ -232,3 +232,43 @@ async def test_reconnect_after_stream_error_resubscribes():
     m = await c.receive(1000)
     assert m.data() == b"b" and m.redelivery_count() == 1
     await c.close()
+
+
+class _AnswerAsClosed(FakeCall):
+    """A Consume stream whose subscribe answer arrives in the same loop turns as
+    the application's close(): the read hands back ``subscribed`` and, from
+    inside it, closes the consumer (the close runs two loop turns later, after
+    the answer is on its way, before the reconnect code resumes)."""
+
+    def __init__(self, on_answer):
+        super().__init__()
+        self.on_answer = on_answer
+
+    async def read(self):
+        item = await super().read()
+        if isinstance(item, pb.ConsumerResponse) and item.WhichOneof("response") == "subscribed":
+            asyncio.get_running_loop().call_soon(self.on_answer)
+        return item
+
+
+async def test_close_while_the_reconnect_answer_arrives_leaves_no_stream_open():
+    """Found by the durability model: a consumer closed while its reconnection's
+    subscribe answer arrived kept the new stream open (Python 3.11's wait_for
+    returned the answer and swallowed the cancellation), so the broker kept it
+    attached and an Exclusive subscription answered ConsumerBusy to everyone."""
+    client = FakeClient()
+    c = await create_consumer(client, "fake", "sub")
+    impl = c._impl
+    impl._maintenance_task.cancel()  # close() then runs without pausing before it cancels the tasks
+    await asyncio.sleep(0)
+    closing: list[asyncio.Task] = []
+    client.stub.Consume = lambda: client.stub.calls.append(
+        _AnswerAsClosed(lambda: closing.append(asyncio.ensure_future(c.close())))) or client.stub.calls[-1]
+    client.stub.calls[0].responses.put_nowait(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "gone"))
+    await until(lambda: closing)
+    await closing[0]
+    await asyncio.sleep(0.05)
+    second = client.stub.calls[1]
+    assert second.of("subscribe"), "the consumer did not try to reconnect"
+    assert second.cancelled, "the stream opened while closing was left open: the broker keeps the consumer"
+    assert impl._call is None and impl._run_task.done()
