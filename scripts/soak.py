@@ -1,0 +1,418 @@
+"""Soak benchmark (issue 23): is the broker's memory flat under a steady load?
+
+Starts a fresh ``minipulsar standalone`` (2 bookies + broker, journal sync on)
+in a temporary directory, runs ``minipulsar-perf e2e`` (one producer and one
+acknowledging consumer in one process, ``--size``-byte messages at ``--rate``
+msg/s, 1 ms batching) for ``--duration`` seconds, and every ``--sample``
+seconds records
+
+* the RSS of every process (broker = the standalone process, its 2 bookies,
+  the perf client), from ``/proc/<pid>/status``;
+* inside the broker process (a probe thread, see below): the entry cache's
+  bytes and entries, the garbage collector's pauses per generation in the
+  interval (count, total, longest; timed with ``gc.callbacks``) and the number
+  of GC-tracked objects;
+* the perf client's end-to-end latency per ``--latency-interval`` (60 s: one
+  line per minute, p50/p99/p99.9/max).
+
+The probe: the broker is started as ``python scripts/soak.py --probe FILE --
+-m deploy.cli standalone ...``, which hooks ``gc.callbacks``, finds the
+broker's ``EntryCacheManager`` object once (one scan of ``gc.get_objects()``
+before the load starts) and appends one JSON line per sample to FILE. It works
+with any checkout of minipulsar (``--repo``), so the same script measures an
+older commit as the baseline::
+
+    git worktree add /tmp/wt-cache <commit>
+    .venv/bin/python scripts/soak.py --repo /tmp/wt-cache --runs 3 --duration 240 --rate 2000
+
+Output: a table per run on stderr, and on stdout one JSON line per run plus a
+summary line (median and range over the runs) of: broker RSS at minute 2 and
+at the end and the growth in between, p99 of the first and the last minute
+and their ratio, cache entries at the end, longest full (gen 2) GC pause in
+the first and the last minute. ``--scenario idle`` instead measures the broker
+memory per idle topic (``--topics`` topics, each loaded by one send, then
+idle) and per connected idle consumer (``--consumers`` consumers on one Shared
+subscription).
+
+    .venv/bin/python scripts/soak.py                      # the issue's run: 10 min at 5,000 msg/s, x3
+    .venv/bin/python scripts/soak.py --duration 240 --rate 2000 --runs 3
+    .venv/bin/python scripts/soak.py --broker-config extra.toml     # e.g. eviction settings
+    .venv/bin/python scripts/soak.py --scenario idle --topics 500 --consumers 500
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def progress(msg: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- the probe (inside the broker)
+def run_probe(out_file: str, sample_s: float, argv: list[str]) -> None:
+    """Run ``python <argv>`` (``-m module args`` only) in this process with the GC
+    and cache probe; never returns normally (the module's exit status is ours)."""
+    import gc
+    import runpy
+
+    pauses = {g: [0, 0.0, 0.0] for g in range(3)}    # generation -> [count, total s, longest s] this interval
+    state = {"t0": 0.0}
+
+    def on_gc(phase, info):
+        if phase == "start":
+            state["t0"] = time.perf_counter()
+            return
+        dt = time.perf_counter() - state["t0"]
+        p = pauses[min(info.get("generation", 2), 2)]
+        p[0] += 1
+        p[1] += dt
+        if dt > p[2]:
+            p[2] = dt
+
+    gc.callbacks.append(on_gc)
+    found = {}
+
+    def find_manager():
+        if "manager" not in found:
+            for o in gc.get_objects():
+                if type(o).__name__ == "EntryCacheManager" and type(o).__module__.endswith("entry_cache"):
+                    found["manager"] = o
+                    break
+        return found.get("manager")
+
+    def sampler():
+        start = time.monotonic()
+        n = 0
+        while True:
+            n += 1
+            time.sleep(max(0.0, start + n * sample_s - time.monotonic()))
+            manager = find_manager()
+            cache_bytes = cache_entries = None
+            if manager is not None:
+                caches = list(manager._caches)
+                cache_bytes = manager.total
+                cache_entries = sum(len(c) for c in caches)
+            snap = {g: list(v) for g, v in pauses.items()}
+            for v in pauses.values():
+                v[:] = [0, 0.0, 0.0]
+            line = {"t": round(time.monotonic() - start, 1), "cache_bytes": cache_bytes,
+                    "cache_entries": cache_entries, "tracked_objects": len(gc.get_objects()),
+                    "gc": {str(g): {"count": c, "total_ms": round(s * 1000, 2), "max_ms": round(m * 1000, 2)}
+                           for g, (c, s, m) in snap.items()}}
+            with open(out_file, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    threading.Thread(target=sampler, name="soak-probe", daemon=True).start()
+    if len(argv) < 2 or argv[0] != "-m":
+        raise SystemExit("--probe expects: -- -m MODULE [ARGS...]")
+    sys.argv = [argv[1], *argv[2:]]
+    sys.path.insert(0, os.getcwd())
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+
+# ---------------------------------------------------------------------------- processes
+def rss_mb(pid: int) -> float | None:
+    """Resident set size of ``pid`` in MiB (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def bookie_pids(data_dir: Path) -> list[int]:
+    """The bookie processes whose command line names a dir under ``data_dir``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"bookie" in cmd and any(str(data_dir).encode() in a for a in cmd):
+            out.append(int(d.name))
+    return sorted(out)
+
+
+def env_for(repo: Path) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    return env
+
+
+class Standalone:
+    """A standalone of checkout ``repo`` started under the probe."""
+
+    def __init__(self, repo: Path, base: Path, sample_s: float, broker_config: str | None):
+        self.repo, self.base, self.sample_s = repo, base, sample_s
+        self.data = base / "data"
+        self.probe_file = base / "probe.jsonl"
+        self.log = base / "standalone.log"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--probe", str(self.probe_file),
+               "--probe-sample", str(sample_s), "--", "-m", "deploy.cli", "standalone", "--port", "0",
+               "--http-port", "0", "--data-dir", str(self.data)]
+        if broker_config:
+            cmd += ["--broker-config", broker_config]
+        self.popen = subprocess.Popen(cmd, cwd=str(repo), env=env_for(repo), stdout=subprocess.PIPE,
+                                      stderr=open(self.log, "ab"), stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            line = self.popen.stdout.readline().decode(errors="replace")
+            m = re.match(r"STANDALONE_READY port=(\d+) pid=(\d+) http_port=(-?\d+)", line)
+            if m:
+                self.port, self.pid, self.http_port = int(m.group(1)), int(m.group(2)), int(m.group(3))
+                break
+            if not line or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"standalone did not start; see {self.log}")
+        self.service_url = f"minipulsar://127.0.0.1:{self.port}"
+        self.bookies = bookie_pids(self.data)
+
+    def probe_lines(self) -> list[dict]:
+        try:
+            return [json.loads(x) for x in self.probe_file.read_text().splitlines() if x.strip()]
+        except OSError:
+            return []
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        for pid in bookie_pids(self.data):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# ---------------------------------------------------------------------------- the soak run
+_LINE = re.compile(r"^\[e2e\]\s+([\d.]+) s:\s+([\d.]+) msg/s .*latency ms p50 ([\d.]+) p99 ([\d.]+) "
+                   r"p99\.9 ([\d.]+) max ([\d.]+)")
+
+
+def soak_once(args, run: int) -> dict:
+    base = Path(tempfile.mkdtemp(prefix=f"soak-{run}-"))
+    repo = Path(args.repo).resolve()
+    sa = Standalone(repo, base, args.sample, args.broker_config)
+    progress(f"run {run}: standalone pid {sa.pid} (bookies {sa.bookies}) from {repo}; "
+             f"{args.rate:g} msg/s of {args.size} B for {args.duration:g} s")
+    try:
+        # the probe's first line (it located the cache manager) before the load starts
+        deadline = time.monotonic() + args.sample + 10
+        while not sa.probe_lines() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        probe_offset = len(sa.probe_lines())
+        topic = f"persistent://public/default/soak-{run}-{os.getpid()}"
+        perf_cmd = [sys.executable, "-c", "import sys; from client.perf import main; sys.exit(main())",
+                    "e2e", topic, "--service-url", sa.service_url, "-r", str(args.rate), "-s", str(args.size),
+                    "--batch-delay-ms", str(args.batch_delay_ms), "-d", str(args.duration), "--warmup", "0",
+                    "-i", str(args.latency_interval), "--json"]
+        perf = subprocess.Popen(perf_cmd, cwd=str(repo), env=env_for(repo), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        latency: list[dict] = []
+
+        def read_stderr():
+            for raw in perf.stderr:
+                m = _LINE.match(raw.decode(errors="replace"))
+                if m:
+                    latency.append({"t": float(m.group(1)), "rate": float(m.group(2)), "p50": float(m.group(3)),
+                                    "p99": float(m.group(4)), "p99.9": float(m.group(5)),
+                                    "max": float(m.group(6))})
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        t0 = time.monotonic()
+        rss: list[dict] = []
+        n = 0
+        while perf.poll() is None:
+            n += 1
+            wake = t0 + n * args.sample
+            while perf.poll() is None and time.monotonic() < wake:
+                time.sleep(0.2)
+            if perf.poll() is not None:
+                break
+            sample = {"t": round(time.monotonic() - t0, 1), "broker": rss_mb(sa.pid), "perf": rss_mb(perf.pid)}
+            for i, pid in enumerate(sa.bookies):
+                sample[f"bookie-{i}"] = rss_mb(pid)
+            rss.append(sample)
+            probe = sa.probe_lines()[-1] if sa.probe_lines() else {}
+            g2 = probe.get("gc", {}).get("2", {})
+            progress(f"run {run} t={sample['t']:6.0f}s  RSS MiB broker {sample['broker']:.1f} "
+                     f"bookies {' / '.join(f'{sample[k]:.1f}' for k in sample if k.startswith('bookie'))} "
+                     f"perf {sample['perf'] or 0:.1f} | cache {probe.get('cache_entries')} entries "
+                     f"{(probe.get('cache_bytes') or 0) / 1e6:.2f} MB | tracked {probe.get('tracked_objects')} | "
+                     f"gen2 GCs {g2.get('count')} max {g2.get('max_ms')} ms")
+        out, _ = perf.communicate()
+        reader.join(5)
+        summary_line = out.decode(errors="replace").strip().splitlines()
+        perf_summary = json.loads(summary_line[-1]) if summary_line else {}
+        time.sleep(0.5)
+        probes = sa.probe_lines()[probe_offset:]
+    finally:
+        sa.stop()
+    return {"run": run, "repo": str(repo), "rate": args.rate, "size": args.size, "duration_s": args.duration,
+            "sample_s": args.sample, "rss_mb": rss, "probe": probes, "latency": latency,
+            "perf_summary": {k: perf_summary.get(k) for k in ("publish", "consume", "not_received")},
+            "summary": summarize(rss, probes, latency, args)}
+
+
+def summarize(rss: list[dict], probes: list[dict], latency: list[dict], args) -> dict:
+    """The figures the issue asks for, from one run's samples."""
+    def at(samples, t):
+        best = [s for s in samples if s["t"] <= t + 1]
+        return best[-1] if best else None
+
+    warm = at(rss, 120.0) or (rss[0] if rss else None)
+    last = rss[-1] if rss else None
+    out = {}
+    if warm and last:
+        out["broker_rss_mb_min2"] = round(warm["broker"], 1)
+        out["broker_rss_mb_end"] = round(last["broker"], 1)
+        out["broker_rss_growth_mb_after_min2"] = round(last["broker"] - warm["broker"], 1)
+        out["broker_rss_mb_max"] = round(max(s["broker"] for s in rss), 1)
+        for key in sorted(k for k in last if k.startswith("bookie")):
+            out[f"{key}_rss_mb_end"] = round(last[key], 1)
+    if latency:
+        out["p99_ms_first_minute"] = latency[0]["p99"]
+        out["p99_ms_last_minute"] = latency[-1]["p99"]
+        out["p99_ratio_last_to_first"] = round(latency[-1]["p99"] / latency[0]["p99"], 2) if latency[0]["p99"] else None
+        out["rate_last_minute"] = latency[-1]["rate"]
+    if probes:
+        out["cache_entries_end"] = probes[-1].get("cache_entries")
+        out["cache_bytes_end"] = probes[-1].get("cache_bytes")
+        out["cache_entries_max"] = max((p.get("cache_entries") or 0) for p in probes)
+        out["tracked_objects_end"] = probes[-1].get("tracked_objects")
+        per_min = max(1, int(round(60.0 / args.sample)))
+        first, lastm = probes[:per_min], probes[-per_min:]
+        out["gen2_max_pause_ms_first_minute"] = max(p["gc"]["2"]["max_ms"] for p in first)
+        out["gen2_max_pause_ms_last_minute"] = max(p["gc"]["2"]["max_ms"] for p in lastm)
+        out["gc_pause_ms_per_s_last_minute"] = round(
+            sum(sum(g["total_ms"] for g in p["gc"].values()) for p in lastm) / (per_min * args.sample), 2)
+    return out
+
+
+def aggregate(results: list[dict]) -> dict:
+    """Median and [min, max] of every numeric summary figure over the runs."""
+    keys = sorted({k for r in results for k in r["summary"]})
+    out = {}
+    for k in keys:
+        vals = [r["summary"][k] for r in results if isinstance(r["summary"].get(k), (int, float))]
+        if vals:
+            out[k] = {"median": round(statistics.median(vals), 2), "min": min(vals), "max": max(vals), "n": len(vals)}
+    return out
+
+
+# ---------------------------------------------------------------------------- idle topics / consumers
+def idle_once(args, run: int) -> dict:
+    """Broker RSS per idle topic and per connected consumer (in this process's client)."""
+    base = Path(tempfile.mkdtemp(prefix=f"soak-idle-{run}-"))
+    sa = Standalone(Path(args.repo).resolve(), base, args.sample, args.broker_config)
+    try:
+        return asyncio.run(_idle(args, sa, run))
+    finally:
+        sa.stop()
+
+
+async def _idle(args, sa: Standalone, run: int) -> dict:
+    from client import AsyncClient, ConsumerType
+
+    async def settle() -> float:
+        await asyncio.sleep(args.settle)
+        return rss_mb(sa.pid)
+
+    out = {"run": run}
+    async with AsyncClient(sa.service_url, operation_timeout_seconds=60) as client:
+        # one topic first, so that per-process first-use costs are not counted per topic
+        p = await client.create_producer(f"persistent://public/default/idle-warm-{run}")
+        await p.send(b"x")
+        await p.close()
+        base = await settle()
+        for i in range(args.topics):
+            p = await client.create_producer(f"persistent://public/default/idle-{run}-{i}", batching_enabled=False)
+            await p.send(b"x" * 100)
+            await p.close()
+        topics_rss = await settle()
+        out["idle_topic_kib"] = round((topics_rss - base) * 1024 / args.topics, 1)
+        topic = f"persistent://public/default/idle-{run}-0"
+        consumers = [await client.subscribe(topic, "idle-sub", consumer_type=ConsumerType.Shared)]
+        one = await settle()
+        for _ in range(args.consumers - 1):
+            consumers.append(await client.subscribe(topic, "idle-sub", consumer_type=ConsumerType.Shared))
+        many = await settle()
+        out["consumer_kib"] = round((many - one) * 1024 / max(1, args.consumers - 1), 1)
+        out.update(topics=args.topics, consumers=args.consumers, broker_rss_mb_base=round(base, 1),
+                   broker_rss_mb_topics=round(topics_rss, 1), broker_rss_mb_consumers=round(many, 1))
+        for c in consumers:
+            await c.close()
+    progress(f"idle run {run}: {out}")
+    return {"run": run, "repo": str(Path(args.repo).resolve()), "summary": out}
+
+
+# ---------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", choices=["soak", "idle"], default="soak")
+    p.add_argument("--repo", default=str(REPO), help="the minipulsar checkout to run (default: this one)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rate", type=float, default=5000.0, help="msg/s (default 5000)")
+    p.add_argument("--size", type=int, default=100, help="message bytes (default 100)")
+    p.add_argument("--batch-delay-ms", type=float, default=1.0)
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load per run (default 600)")
+    p.add_argument("--sample", type=float, default=30.0, help="seconds between samples (default 30)")
+    p.add_argument("--latency-interval", type=float, default=60.0, help="seconds per latency line (default 60)")
+    p.add_argument("--broker-config", default=None, metavar="FILE.toml", help="extra broker settings")
+    p.add_argument("--topics", type=int, default=500, help="idle scenario: topics (default 500)")
+    p.add_argument("--consumers", type=int, default=500, help="idle scenario: consumers (default 500)")
+    p.add_argument("--settle", type=float, default=5.0, help="idle scenario: seconds before each RSS reading")
+    p.add_argument("--label", default="", help="a name for this series in the JSON output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--probe":
+        # --probe FILE --probe-sample S -- -m MODULE ARGS...
+        sep = argv.index("--")
+        run_probe(argv[1], float(argv[3]), argv[sep + 1:])
+        return 0
+    args = build_parser().parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    results = []
+    for run in range(1, args.runs + 1):
+        res = soak_once(args, run) if args.scenario == "soak" else idle_once(args, run)
+        res["label"] = args.label
+        results.append(res)
+        print(json.dumps(res, sort_keys=True), flush=True)
+    agg = aggregate(results)
+    print(json.dumps({"label": args.label, "scenario": args.scenario, "runs": len(results), "aggregate": agg},
+                     sort_keys=True), flush=True)
+    for k, v in agg.items():
+        progress(f"{args.label or 'result'} {k}: median {v['median']} (range {v['min']} - {v['max']}, n={v['n']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
