@@ -38,6 +38,7 @@ subscription).
     .venv/bin/python scripts/soak.py --duration 240 --rate 2000 --runs 3
     .venv/bin/python scripts/soak.py --broker-config extra.toml     # e.g. eviction settings
     .venv/bin/python scripts/soak.py --scenario idle --topics 500 --consumers 500
+    .venv/bin/python scripts/soak.py --aggregate runs-*.jsonl       # median/range per --label of saved runs
 """
 from __future__ import annotations
 
@@ -388,7 +389,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--consumers", type=int, default=500, help="idle scenario: consumers (default 500)")
     p.add_argument("--settle", type=float, default=5.0, help="idle scenario: seconds before each RSS reading")
     p.add_argument("--label", default="", help="a name for this series in the JSON output")
+    p.add_argument("--aggregate", nargs="+", metavar="FILE", default=None,
+                   help="only summarize: the per-run JSON lines of earlier runs (stdout saved to files), "
+                        "median and range per --label")
     return p
+
+
+def aggregate_files(paths: list[str]) -> None:
+    """Print one summary JSON line per label found in the per-run lines of ``paths``."""
+    by_label: dict[str, list[dict]] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            doc = json.loads(line) if line.strip().startswith("{") else {}
+            if "summary" in doc:
+                by_label.setdefault(doc.get("label", ""), []).append(doc)
+    for label, results in sorted(by_label.items()):
+        agg = aggregate(results)
+        print(json.dumps({"label": label, "runs": len(results), "aggregate": agg}, sort_keys=True), flush=True)
+        for k, v in agg.items():
+            progress(f"{label} {k}: median {v['median']} (range {v['min']} - {v['max']}, n={v['n']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         run_probe(argv[1], float(argv[3]), argv[sep + 1:])
         return 0
     args = build_parser().parse_args(argv)
+    if args.aggregate:
+        aggregate_files(args.aggregate)
+        return 0
     sys.path.insert(0, str(REPO))
     results = []
     for run in range(1, args.runs + 1):
