@@ -756,16 +756,15 @@ def test_durability_model_replay(tmp_path):
         print(_totals(DurabilityModel.results), flush=True)
 
 
-@pytest.mark.skipif(not _env("MINIPULSAR_MODEL_KNOWN_OPEN"),
-                    reason="known open: under this sequence a consumer sometimes stays attached after its client "
-                           "left (ConsumerBusy on every later subscribe); set MINIPULSAR_MODEL_KNOWN_OPEN=1 to run")
 @pytest.mark.timeout(300)
 def test_durability_model_replay_consumer_changes_during_bookie_pauses(tmp_path):
     """A sequence the long run found (40 steps: clean broker restarts, bookie pauses, consumers
     reopened while a read from a paused bookie was in flight). Before the fixes a consumer whose
     client left before the subscribe answer kept the Exclusive subscription busy (ConsumerBusy for
-    every later subscribe), and a cursor read that finished after a rewind moved the read position
-    past 100 unacknowledged messages, which were then never delivered."""
+    every later subscribe), a consumer closed as its reconnection's subscribe answer arrived kept
+    that stream open (Python 3.11's asyncio.wait_for swallowed the cancellation: the same
+    ConsumerBusy), and a cursor read that finished after a rewind moved the read position past 100
+    unacknowledged messages, which were then never delivered."""
     DurabilityModel.base_dir = tmp_path
     DurabilityModel.results = []
     try:
