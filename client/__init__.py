@@ -24,31 +24,10 @@ from client.producer_state import BatchingType
 from client.routing import HashingScheme, PartitionsRoutingMode
 from client.sync import Client, Producer
 
-# Consumer-side names live in modules written alongside this one; they are
-# imported on first use so that this package imports even while they change.
-_LAZY = {
-    "ConsumerType": ("client.consumer", "client.consumer_config"),
-    "InitialPosition": ("client.consumer", "client.consumer_config"),
-    "ConsumerDeadLetterPolicy": ("client.consumer", "client.consumer_config"),
-    "DeadLetterPolicy": ("client.consumer", "client.consumer_config"),
-    "BatchReceivePolicy": ("client.consumer", "client.consumer_config"),
-    "Message": ("client.message",),
-}
+from client.consumer_config import (BatchReceivePolicy, ConsumerDeadLetterPolicy, ConsumerType, DeadLetterPolicy,
+                                    InitialPosition)
+from client.message import Message
 
 __all__ = ["Client", "AsyncClient", "Producer", "AdminClient", "SyncAdminClient", "MessageId", "CompressionType",
            "PartitionsRoutingMode", "HashingScheme", "BatchingType", "ConsumerType", "InitialPosition",
-           *_error_names]
-
-
-def __getattr__(name: str):
-    import importlib
-    for module_name in _LAZY.get(name, ()):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if hasattr(module, name):
-            value = getattr(module, name)
-            globals()[name] = value
-            return value
-    raise AttributeError(f"module 'client' has no attribute {name!r}")
+           "ConsumerDeadLetterPolicy", "DeadLetterPolicy", "BatchReceivePolicy", "Message", *_error_names]
