@@ -14,17 +14,23 @@ words -- bit ``i`` is bit ``i % 64`` of word ``i // 64``, words are signed
 64-bit like Java ``long``s, trailing zero words are omitted.
 
 Here an ack set is held as one Python int bit mask (bit ``i`` set = index
-``i`` unacknowledged).  Pure synchronous Python, no I/O, not thread-safe.
+``i`` unacknowledged).  Every operation is linear in the batch size (int
+arithmetic, ``int.to_bytes``/``from_bytes``, ``struct``): never one big-int
+shift per bit or per word, which made a 2**22-message ack set take seconds per
+ack.  Batch sizes are capped at :data:`MAX_BATCH_SIZE`; the broker passes the
+entry's *real* batch size (from the entry's metadata), never a client's claim.
+Pure synchronous Python, no I/O, not thread-safe.
 """
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator
 
 from proto import metadata_pb2
 
-__all__ = ["BatchDeletedIndexes", "to_long_array", "from_long_array"]
+__all__ = ["BatchDeletedIndexes", "MAX_BATCH_SIZE", "to_long_array", "from_long_array"]
 
 Position = tuple[int, int]
 
@@ -32,39 +38,45 @@ _WORD_BITS = 64
 _WORD_MASK = (1 << 64) - 1
 _SIGN_BIT = 1 << 63
 
+#: Largest batch size (messages in one entry) an ack set may have: 2**24 bits =
+#: a 2 MiB mask.  Each message of a batch takes at least a few bytes of its entry
+#: (size prefix + SingleMessageMetadata), so even a 64 MiB entry holds fewer.
+MAX_BATCH_SIZE = 1 << 24
+
 
 def to_long_array(mask: int) -> list[int]:
     """Java ``BitSet.toLongArray()`` of a non-negative int bit mask.
 
     Returns signed 64-bit words (``-2**63 <= w < 2**63``), least significant
     word first; ``[]`` for 0 (trailing zero words are never emitted).
+    Linear in the mask's size (one ``to_bytes`` and one ``struct.unpack``).
     Raises ValueError for a negative mask.
     """
     if mask < 0:
         raise ValueError(f"bit mask must be >= 0, got {mask}")
-    words = []
-    while mask:
-        w = mask & _WORD_MASK
-        words.append(w - (1 << 64) if w & _SIGN_BIT else w)
-        mask >>= _WORD_BITS
-    return words
+    if not mask:
+        return []
+    n_words = (mask.bit_length() + _WORD_BITS - 1) // _WORD_BITS
+    return list(struct.unpack(f"<{n_words}q", mask.to_bytes(n_words * 8, "little")))
 
 
 def from_long_array(words: Iterable[int]) -> int:
     """Inverse of :func:`to_long_array` (Java ``BitSet.valueOf(long[])``).
 
     Accepts words as signed int64 (Java/protobuf ``int64``) or unsigned
-    uint64.  Raises TypeError for non-ints, ValueError for a word outside
-    ``[-2**63, 2**64)``.
+    uint64.  Linear in the number of words.  Raises TypeError for non-ints,
+    ValueError for a word outside ``[-2**63, 2**64)``.
     """
-    mask = 0
+    unsigned = []
     for i, w in enumerate(words):
         if isinstance(w, bool) or not isinstance(w, int):
             raise TypeError(f"ack set word {i} must be an int, got {type(w).__name__}")
         if not -(1 << 63) <= w < (1 << 64):
             raise ValueError(f"ack set word {i} = {w} does not fit in 64 bits")
-        mask |= (w & _WORD_MASK) << (_WORD_BITS * i)
-    return mask
+        unsigned.append(w & _WORD_MASK)
+    if not unsigned:
+        return 0
+    return int.from_bytes(struct.pack(f"<{len(unsigned)}Q", *unsigned), "little")
 
 
 def _check_position(position: object) -> Position:
@@ -96,6 +108,8 @@ def _check_batch_size(batch_size: object) -> int:
         raise TypeError(f"batch size must be an int, got {type(batch_size).__name__}")
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    if batch_size > MAX_BATCH_SIZE:
+        raise ValueError(f"batch size {batch_size} is larger than {MAX_BATCH_SIZE}, the most messages an entry holds")
     return batch_size
 
 
@@ -106,6 +120,28 @@ def _check_index(index: object, batch_size: int | None) -> int:
         bound = f"[0, {batch_size})" if batch_size is not None else ">= 0"
         raise ValueError(f"batch index {index} out of range {bound}")
     return index
+
+
+def _mask_of(indexes: Iterable[int], batch_size: int) -> int:
+    """Bit mask with the bits of ``indexes`` set, each checked against ``[0, batch_size)``.
+
+    A step-1 ``range`` costs O(1) big-int operations; any other iterable is
+    collected in a bytearray of ``batch_size / 8`` bytes (linear, never one
+    big-int operation per index).
+    """
+    if isinstance(indexes, range) and indexes.step == 1:
+        if not indexes:
+            return 0
+        _check_index(indexes.start, batch_size)
+        _check_index(indexes.stop - 1, batch_size)
+        return ((1 << len(indexes)) - 1) << indexes.start
+    bits = None
+    for index in indexes:
+        _check_index(index, batch_size)
+        if bits is None:
+            bits = bytearray((batch_size + 7) // 8)
+        bits[index >> 3] |= 1 << (index & 7)
+    return 0 if bits is None else int.from_bytes(bits, "little")
 
 
 class BatchDeletedIndexes:
@@ -122,10 +158,11 @@ class BatchDeletedIndexes:
     :meth:`load` calls that pass it; entries loaded from persisted words alone
     (like Pulsar, which does not persist it) learn it on their next ack.
 
-    Errors: ``ValueError`` for a negative id, a batch size < 1, a batch index
-    ``< 0`` or ``>= batch_size``, a batch size that contradicts the stored
-    one, or a word not fitting 64 bits; ``TypeError`` for non-int values.
-    A failing call changes nothing.
+    Errors: ``ValueError`` for a negative id, a batch size < 1 or above
+    :data:`MAX_BATCH_SIZE`, a batch index ``< 0`` or ``>= batch_size``, a batch
+    size that contradicts the stored one, or a word not fitting 64 bits;
+    ``TypeError`` for non-int values.  A failing call changes nothing.
+    Every call is linear in the batch size of the entry it touches.
     """
 
     __slots__ = ("_masks", "_sizes", "_order")
@@ -156,7 +193,9 @@ class BatchDeletedIndexes:
     def ack(self, position: Position, batch_size: int, indexes: Iterable[int]) -> bool:
         """Acknowledge batch ``indexes`` of the batch entry at ``position``.
 
-        ``batch_size`` is the entry's number of messages.  An unknown position
+        ``batch_size`` is the entry's number of messages (the broker passes the
+        real one, read from the entry).  ``indexes``: ints in ``[0, batch_size)``
+        (a ``range`` is applied in O(1) big-int operations).  An unknown position
         starts with all ``batch_size`` indexes unacknowledged.  Returns True
         when every index of the batch is now acknowledged: the entry is then
         dropped from this map and the caller must acknowledge the whole entry
@@ -167,10 +206,7 @@ class BatchDeletedIndexes:
         """
         position = _check_position(position)
         batch_size = _check_batch_size(batch_size)
-        clear = 0
-        for index in indexes:
-            clear |= 1 << _check_index(index, batch_size)
-        full = (1 << batch_size) - 1
+        clear = _mask_of(indexes, batch_size)
         if position in self._masks:
             mask = self._masks[position]
             known = self._sizes[position]
@@ -186,7 +222,7 @@ class BatchDeletedIndexes:
         else:
             if not clear:
                 return False
-            mask = full
+            mask = (1 << batch_size) - 1
         mask &= ~clear
         if mask == 0:
             self._drop(position)
@@ -264,14 +300,8 @@ class BatchDeletedIndexes:
         mask = self._masks.get(_check_position(position))
         if mask is None:
             return None
-        out = []
-        i = 0
-        while mask:
-            if mask & 1:
-                out.append(i)
-            mask >>= 1
-            i += 1
-        return out
+        bits = bin(mask)[:1:-1]  # least significant bit first; linear for a power-of-two base
+        return [i for i, c in enumerate(bits) if c == "1"]
 
     def ack_set_words(self, position: Position) -> list[int] | None:
         """The ack set of ``position`` as Java ``BitSet.toLongArray()`` words, or None if unknown.

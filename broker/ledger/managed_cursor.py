@@ -183,6 +183,9 @@ class ManagedCursor:
             await cursor._recover_from_ledger(old_ledger_id)
             cursor._old_cursor_ledgers.append(old_ledger_id)
         cursor.individual_deleted.clear_dirty()
+        for pos in cursor.batch_deleted.positions():
+            if not ml.is_entry(Position(*pos)):   # stored by a hostile ack before acks were validated
+                cursor.batch_deleted.remove(pos)
         cursor.read_position = ml.next_position(cursor.mark_delete_position)
         cursor.persistent_mark_delete_position = cursor.mark_delete_position
         # As Pulsar does (state NoLedger), the first persist creates a fresh cursor
@@ -373,10 +376,17 @@ class ManagedCursor:
 
     def delete_batch_index_nowait(self, position: Position, batch_size: int, indexes: Iterable[int]) -> asyncio.Future:
         """Acknowledge some messages of a batch entry (batch-index ack); the entry
-        itself counts as acknowledged once all its indexes are."""
+        itself counts as acknowledged once all its indexes are. ``batch_size``
+        must be the entry's real message count (the caller reads it from the
+        entry). Raises InvalidMarkDeletePosition for a position that is not an
+        entry of the managed ledger (nothing is stored), ValueError for a bad
+        index or batch size (BatchDeletedIndexes)."""
         position = Position(*position)
         if self.is_acknowledged(position):
             return self._done()
+        if not self.ml.is_entry(position):
+            raise InvalidMarkDeletePosition(f"cannot acknowledge batch indexes of {position}: not an entry of "
+                                            f"{self.ml.name} (last {self.ml.last_confirmed})")
         if self.batch_deleted.ack(position, batch_size, indexes):
             return self.delete_nowait([position])
         return self._schedule_persist()
