@@ -33,12 +33,10 @@ GRPC_SERVER_OPTIONS = [
 
 
 def service_class():
-    """The BrokerService with geo-replication when that module is present."""
-    try:
-        from broker.replication.geo_service import GeoBrokerService
-        return GeoBrokerService
-    except ImportError:
-        return BrokerService
+    """The broker service class: ``GeoBrokerService`` (a ``BrokerService`` with the
+    geo-replication controller and replicators, Pulsar's ``PersistentTopic`` replicators)."""
+    from broker.replication.geo_service import GeoBrokerService
+    return GeoBrokerService
 
 
 class BrokerServer:

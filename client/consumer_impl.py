@@ -33,22 +33,7 @@ from client.receiver_queue import FlowPermits, ReceiverQueue
 from client.redelivery_trackers import NegativeAcksTracker, UnAckedMessageTracker
 from proto import broker_pb2 as pb
 
-try:  # the client's shared backoff (client/connection.py), if present
-    from client.connection import Backoff
-except ImportError:  # pragma: no cover - fallback while connection.py is missing
-    class Backoff:  # type: ignore[no-redef]
-        """Exponential backoff: ``next()`` -> seconds, doubling up to ``max_delay``."""
-
-        def __init__(self, initial: float = 0.1, max_delay: float = 30.0):
-            self.initial, self.max_delay = initial, max_delay
-            self.reset()
-
-        def reset(self) -> None:
-            self._next = self.initial
-
-        def next(self) -> float:
-            delay, self._next = self._next, min(self.max_delay, self._next * 2)
-            return delay * random.uniform(0.9, 1.0)
+from client.connection import Backoff
 
 __all__ = ["ConsumerImpl", "now_ms", "random_consumer_name"]
 

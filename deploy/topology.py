@@ -178,10 +178,6 @@ class Topology:
         """Cluster names in file order."""
         return [c.name for c in self.clusters]
 
-    def all_ports(self) -> list[tuple[str, int]]:
-        """``(what, port)`` for every port of every cluster."""
-        return [p for c in self.clusters for p in c.ports()]
-
     def layout_key(self) -> list[tuple]:
         """What must not change between two ``geo up`` on the same data dir:
         cluster names and ports (ledger metadata names bookies by address)."""

@@ -203,10 +203,6 @@ class ReplicatedSubscriptionsController:
         origins = self._acked_origins(subscription, markers.position(snap.local_message_id))
         self.topic.write_marker(markers.update(subscription.name, clusters, origins))
 
-    def local_subscription_updated(self, subscription: "Subscription", snapshot) -> None:
-        """Pulsar's name for a passed snapshot."""
-        self.subscription_acked(subscription, snapshot)
-
     def _acked_origins(self, subscription: "Subscription", after: Position) -> dict[str, list]:
         """Acknowledged entries after ``after`` (the passed snapshot's position), up to
         and beyond the mark-delete position, as origin ranges
