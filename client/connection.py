@@ -220,18 +220,11 @@ class Backoff:
         return 0.0 if self._first_attempt is None else self._clock() - self._first_attempt
 
 
-# Errors after which retrying (reconnecting) can succeed.  ProducerBusy and
-# ConsumerBusy are retriable only for an already created handle (the broker may
-# not have noticed the old stream closed yet), as in Pulsar.
-_RETRIABLE_NAMES = {"ServiceNotReady", "ConnectError", "Timeout", "TooManyRequests", "PersistenceError",
-                    "TopicFenced", "ProducerBusy", "ConsumerBusy"}
-
-
 def is_retriable(exc: BaseException) -> bool:
-    """Whether the operation (create, send) may succeed after a reconnect:
-    ``PulsarException.retriable`` or a known transient error name."""
+    """Whether the operation (create, send, subscribe) may succeed after a reconnect:
+    the exception's own ``PulsarException.retriable``; socket errors (``OSError``) too."""
     if isinstance(exc, PulsarException):
-        return bool(exc.retriable) or type(exc).__name__ in _RETRIABLE_NAMES
+        return bool(exc.retriable)
     return isinstance(exc, (ConnectionError, OSError))
 
 

@@ -23,12 +23,18 @@ class PulsarException(Exception):
     """Base class of every error the minipulsar client raises.
 
     ``grpc_code`` is the gRPC status code name a server uses for this error,
-    ``retriable`` says whether retrying the same operation later can succeed,
-    ``default_message`` is used when no message is given and says what to do.
+    ``retriable`` says whether retrying the same operation later can succeed
+    (an existing producer/consumer reconnects with backoff on it),
+    ``retriable_at_creation`` whether creating a producer/consumer retries on it
+    (as Pulsar, ProducerBusy/ConsumerBusy fail a first create at once but are
+    retried by a handle that reconnects: the broker may not have seen its old
+    stream close yet), ``default_message`` is used when no message is given and
+    says what to do. These attributes are the only answer to "retry?" in the SDK.
     """
 
     grpc_code = "UNKNOWN"
     retriable = False
+    retriable_at_creation = False
     default_message = "unexpected error in the Pulsar client or broker; see the broker log"
 
     def __init__(self, message: str | None = None):
@@ -77,6 +83,7 @@ class Timeout(PulsarException):
 
     grpc_code = "DEADLINE_EXCEEDED"
     retriable = True
+    retriable_at_creation = True
     default_message = "operation timed out; check that the broker is reachable, or raise the timeout"
 
 
@@ -116,6 +123,7 @@ class ConnectError(PulsarException):
 
     grpc_code = "UNAVAILABLE"
     retriable = True
+    retriable_at_creation = True
     default_message = "cannot connect to the broker; check the service URL and that the broker is running"
 
 
@@ -257,6 +265,7 @@ class ServiceNotReady(PulsarException):
 
     grpc_code = "UNAVAILABLE"
     retriable = True
+    retriable_at_creation = True
     default_message = "broker not ready for this topic; the client retries, or retry later"
 
 

@@ -321,8 +321,7 @@ class Producer:
                 return
             self._state = _CONNECTING
             first = not self._created.done()
-            if first and (not isinstance(err, (ConnectError, Timeout)) and not is_retriable_transient(err)
-                          or backoff.elapsed() >= timeout):
+            if first and (not err.retriable_at_creation or backoff.elapsed() >= timeout):
                 self._created.set_exception(err)
                 return
             if not first and isinstance(err, _FATAL):
@@ -436,7 +435,7 @@ class Producer:
     def _on_send_error(self, e: pb.SendError) -> None:
         exc = error_from_status(e.error, e.message)
         seq = _signed(e.sequence_id)
-        if is_retriable(exc) or is_retriable_transient(exc):
+        if is_retriable(exc):
             # The broker ends the stream: reconnect and send this message again (it is not
             # stored by this transmission), then everything after it not stored meanwhile.
             self._queue.mark_refused(seq)
@@ -523,12 +522,6 @@ class Producer:
 
     def __repr__(self) -> str:
         return f"<Producer {self._name!r} on {self._topic} {self._state}>"
-
-
-def is_retriable_transient(exc: BaseException) -> bool:
-    """Transport or broker-state errors worth retrying even before the producer
-    was ever created (ServiceNotReady, Timeout, ConnectError)."""
-    return type(exc).__name__ in ("ServiceNotReady", "ConnectError", "Timeout", "TooManyRequests")
 
 
 def _as_pulsar(exc: BaseException, what: str) -> PulsarException:

@@ -121,6 +121,21 @@ def test_retriable_classification():
     assert type(error_from_status("ServiceNotReady", "x")) is ServiceNotReady
 
 
+def test_retry_is_decided_by_the_exception_attributes_only():
+    """One answer to "retry?": ``retriable`` (a handle reconnects) and
+    ``retriable_at_creation`` (a first create/subscribe retries), per class."""
+    import client.errors as errors
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.PulsarException)]
+    for cls in classes:
+        assert is_retriable(cls()) is bool(cls.retriable), cls
+        assert not cls.retriable_at_creation or cls.retriable, cls  # retried at creation -> retried later too
+    assert {c.__name__ for c in classes if c.retriable_at_creation} == {"Timeout", "ConnectError", "ServiceNotReady"}
+    # Busy: a reconnecting handle retries (the broker may not have seen the old stream close), a first create fails
+    assert errors.ProducerBusy.retriable and not errors.ProducerBusy.retriable_at_creation
+    assert errors.ConsumerBusy.retriable and not errors.ConsumerBusy.retriable_at_creation
+    assert is_retriable(ConnectionResetError()) and not is_retriable(ValueError())
+
+
 # ---------------------------------------------------------------- ProducerConfig
 def test_producer_config_defaults_and_parsing():
     c = ProducerConfig.from_options(compression_type="zstd", batching_type="KeyBased",
