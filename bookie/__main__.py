@@ -23,6 +23,7 @@ import sys
 from bookie.cookie import InvalidCookieError
 from bookie.server import BookieConfig, BookieServer
 from bookie.storage import DataDirInUse
+from proto.common import run_async
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +157,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             print(f"bookie:   - {problem}", file=sys.stderr)
         return 2
     try:
-        import uvloop
-    except ImportError:
-        run = asyncio.run
-    else:
-        run = uvloop.run
-    try:
-        run(serve(config, format=getattr(args, "format", False), create_cookie=getattr(args, "create_cookie", False)))
+        run_async(serve(config, format=getattr(args, "format", False), create_cookie=getattr(args, "create_cookie", False)))
     except (InvalidCookieError, DataDirInUse) as exc:
         print(f"bookie: refusing to start on data dir {config.data_dir}: {exc}", file=sys.stderr)
         return 3

@@ -67,6 +67,7 @@ from crc32c import crc32c as _crc32c
 from proto import bookie_pb2 as pb
 from proto import bookie_pb2_grpc
 from proto import metadata_pb2
+from proto.common import grpc_message_size_options
 from proto.wire import encode_varint
 
 from .errors import (
@@ -92,8 +93,7 @@ LedgerState = metadata_pb2.LedgerMetadata.State
 
 # Several adds per stream message, entries up to 5 MiB: allow large frames.
 GRPC_CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    *grpc_message_size_options(),
     # A restarted bookie is reachable again within a second (gRPC's default
     # reconnect backoff grows to 120 s and kept a recovered bookie "refused").
     # (grpc.min_reconnect_backoff_ms is the connect timeout: left at its 20 s.)

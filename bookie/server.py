@@ -27,10 +27,11 @@ from google.protobuf.message import DecodeError
 
 from bookie import storage as st
 from proto import bookie_pb2, bookie_pb2_grpc
+from proto.common import GRPC_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = GRPC_MAX_MESSAGE_BYTES
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -13,6 +13,7 @@ import signal
 import sys
 
 from broker.config import BrokerConfig, ConfigError
+from proto.common import run_async
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,12 +90,7 @@ def run_from_args(args) -> int:
         print_config_error("broker", exc)
         return 2
     try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
-        runner(serve(config))
+        run_async(serve(config))
     except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit, never a hung process
         logging.getLogger(__name__).debug("start failed", exc_info=True)
         if "Failed to bind" in str(exc):

@@ -12,6 +12,7 @@ from bookie.client import BookKeeper
 from broker.config import BrokerConfig
 from broker.metadata import SqliteMetadataStore
 from proto import broker_pb2_grpc
+from proto.common import grpc_message_size_options
 
 from .grpc_servicer import PulsarBrokerServicer
 from .metrics import start_metrics_server
@@ -21,8 +22,7 @@ from .service.errors import AlreadyExists
 log = logging.getLogger(__name__)
 
 GRPC_SERVER_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    *grpc_message_size_options(),
     ("grpc.so_reuseport", 0),
     # Clients ping every keep_alive_interval_seconds (Pulsar's keepAliveIntervalSeconds, 30 s) while
     # their streams are idle. gRPC servers by default accept such pings only every 5 min and answer

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from proto.common import run_async
+
 __all__ = ["main", "build_parser", "default_service_url", "run_main", "Progress", "DEFAULT_SERVICE_URL",
            "SERVICE_URL_ENV", "format_message", "parse_properties"]
 
@@ -71,15 +73,8 @@ def run_main(coro_fn: Callable, args, prog: str) -> int:
     become ``error: <message>`` on stderr and status 1, Ctrl-C status 130."""
     from client.errors import PulsarException
 
-    def runner(coro):
-        try:
-            import uvloop
-        except ImportError:
-            return asyncio.run(coro)
-        return uvloop.run(coro)
-
     try:
-        return int(runner(coro_fn(args)) or 0)
+        return int(run_async(coro_fn(args)) or 0)
     except (PulsarException, CliError, OSError) as exc:
         print(f"error: {error_line(exc)}", file=sys.stderr, flush=True)
         return 1

@@ -1,5 +1,5 @@
 """Connection plumbing shared by the client's producers, consumers and admin:
-service URL parsing, the gRPC channel, reconnect ``Backoff`` and mapping of
+service URL parsing (``proto.service_url``, re-exported), the gRPC channel, reconnect ``Backoff`` and mapping of
 gRPC errors to ``client.errors``.
 
 Follows Pulsar's ``PulsarServiceNameResolver`` (URL checks), ``Backoff``
@@ -10,93 +10,19 @@ producer and consumer stream over it, like Pulsar's pooled ClientCnx).
 from __future__ import annotations
 
 import random
-import re
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import grpc
 
-from client.errors import ConnectError, InvalidConfiguration, PulsarException, Timeout, error_from_status
+from client.errors import ConnectError, PulsarException, Timeout, error_from_status
+from proto.common import GRPC_MAX_MESSAGE_BYTES, grpc_message_size_options
+from proto.service_url import DEFAULT_PORT, SCHEME, ServiceUrl, parse_service_url
 
 __all__ = ["ServiceUrl", "parse_service_url", "create_channel", "channel_options", "check_reachable", "Backoff",
            "map_rpc_error", "is_retriable", "MAX_GRPC_MESSAGE_BYTES", "SCHEME", "DEFAULT_PORT"]
 
-SCHEME = "minipulsar"
-DEFAULT_PORT = 6600  # the broker's gRPC port (DESIGN.md)
-MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024  # 64 MiB, both directions
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)$")
-
-
-@dataclass(frozen=True)
-class ServiceUrl:
-    """A parsed ``minipulsar://host:port`` service URL.
-
-    ``host``: host name or IP (IPv6 in brackets); ``port``: TCP port (int);
-    ``target``: the gRPC target string ``"host:port"``.
-    """
-
-    host: str
-    port: int
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def __str__(self) -> str:
-        return f"{SCHEME}://{self.host}:{self.port}"
-
-
-def parse_service_url(url: str) -> ServiceUrl:
-    """Parse a service URL ``minipulsar://host[:port]`` (port defaults to 6600;
-    a trailing ``/`` is accepted).
-
-    Raises ``InvalidConfiguration`` naming the problem for anything else: another
-    scheme (``pulsar://`` is Pulsar's binary protocol, not this gRPC endpoint),
-    several hosts, a path, a bad host or a port outside 1..65535.
-    """
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidConfiguration(f"invalid service URL {url!r}: expected {SCHEME}://host:port")
-    text = url.strip()
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        raise InvalidConfiguration(f"invalid service URL {url!r}: missing scheme, expected {SCHEME}://host:port")
-    if scheme.lower() != SCHEME:
-        hint = " (pulsar:// is Pulsar's binary protocol; minipulsar brokers speak gRPC at minipulsar://)" \
-            if scheme.lower() in ("pulsar", "pulsar+ssl", "http", "https") else ""
-        raise InvalidConfiguration(f"invalid service URL {url!r}: unsupported scheme {scheme!r}, "
-                                   f"expected {SCHEME}://host:port{hint}")
-    rest = rest.rstrip("/")
-    if "/" in rest or "?" in rest or "#" in rest:
-        raise InvalidConfiguration(f"invalid service URL {url!r}: no path allowed, expected {SCHEME}://host:port")
-    if "," in rest:
-        raise InvalidConfiguration(f"invalid service URL {url!r}: several hosts are not supported, "
-                                   f"give one broker as {SCHEME}://host:port")
-    if "@" in rest:
-        raise InvalidConfiguration(f"invalid service URL {url!r}: credentials do not go in the URL")
-    if rest.startswith("["):  # IPv6 literal
-        end = rest.find("]")
-        if end < 0:
-            raise InvalidConfiguration(f"invalid service URL {url!r}: unclosed '[' in IPv6 host")
-        host, port_text = rest[:end + 1], rest[end + 1:]
-        if port_text and not port_text.startswith(":"):
-            raise InvalidConfiguration(f"invalid service URL {url!r}: expected ':port' after the IPv6 host")
-        port_text = port_text[1:]
-    else:
-        host, _, port_text = rest.partition(":")
-    if not host or not _HOST.match(host):
-        raise InvalidConfiguration(f"invalid service URL {url!r}: bad or missing host {host!r}")
-    if port_text == "":
-        if rest.endswith(":"):
-            raise InvalidConfiguration(f"invalid service URL {url!r}: empty port")
-        port = DEFAULT_PORT
-    else:
-        if not port_text.isdigit():
-            raise InvalidConfiguration(f"invalid service URL {url!r}: port {port_text!r} is not a number")
-        port = int(port_text)
-        if not 1 <= port <= 65535:
-            raise InvalidConfiguration(f"invalid service URL {url!r}: port {port} is outside 1..65535")
-    return ServiceUrl(host, port)
+MAX_GRPC_MESSAGE_BYTES = GRPC_MAX_MESSAGE_BYTES  # 64 MiB, both directions
 
 
 def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_ms: int = 10000) -> list[tuple]:
@@ -106,8 +32,7 @@ def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_m
     broker accepts pings up to once a second) with a 10 s ack timeout, and
     reconnect backoff capped by ``connection_timeout_ms``."""
     return [
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+        *grpc_message_size_options(MAX_GRPC_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", int(keepalive_interval_seconds * 1000)),
         ("grpc.keepalive_timeout_ms", 10000),
         ("grpc.keepalive_permit_without_calls", 0),

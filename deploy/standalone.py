@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from proto.common import run_async
+
 log = logging.getLogger(__name__)
 
 
@@ -192,12 +194,7 @@ def run_from_args(args) -> int:
         print("standalone: --bookies must be >= 1", file=sys.stderr)
         return 2
     try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
-        return runner(run(args))
+        return run_async(run(args))
     except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit, never a hung process
         log.debug("start failed", exc_info=True)
         reason = f"{exc}" if isinstance(exc, (OSError, RuntimeError)) else f"{type(exc).__name__}: {exc}"

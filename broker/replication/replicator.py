@@ -42,19 +42,20 @@ from typing import TYPE_CHECKING, Optional
 import grpc
 
 from broker.ledger.position import Entry, Position
-from client.entry_format import peek_metadata, with_metadata
-from client.errors import CorruptedMessage
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
+from proto.common import REPLICATOR_CURSOR_PREFIX, grpc_message_size_options, source_sequence_id
+from proto.entry_format import peek_metadata, with_metadata
+from proto.errors import CorruptedMessage
+from proto.service_url import parse_service_url
 
 if TYPE_CHECKING:
     from broker.service.topic import PersistentTopic
 
 log = logging.getLogger(__name__)
 
-REPL_CURSOR_PREFIX = "pulsar.repl."
-GRPC_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+REPL_CURSOR_PREFIX = REPLICATOR_CURSOR_PREFIX
+GRPC_OPTIONS = [*grpc_message_size_options(),
                 # reconnect to a restarted remote within a second (gRPC's default backoff
                 # grows to 120 s); the connect timeout (min_reconnect_backoff_ms) stays 20 s
                 ("grpc.initial_reconnect_backoff_ms", 100),
@@ -66,14 +67,13 @@ MAX_RETRY_BACKOFF_S = 30.0
 
 def position_sequence_id(pos: Position) -> int:
     """The replicator's sequence id of a source position: ``ledger << 32 | entry``."""
-    return (pos.ledger_id << 32) | pos.entry_id
+    return source_sequence_id(pos.ledger_id, pos.entry_id)
 
 
 def target(url: str) -> str:
-    """``minipulsar://host:port`` -> ``host:port``."""
-    if not url.startswith("minipulsar://"):
-        raise ValueError(f"invalid service URL {url!r}")
-    return url[len("minipulsar://"):]
+    """``minipulsar://host:port`` -> the gRPC target ``host:port``; raises
+    ``InvalidConfiguration`` for a bad URL (cluster URLs are checked when registered)."""
+    return parse_service_url(url).target
 
 
 class RateLimiter:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import enum
 from typing import Iterable, Optional
 
+from proto.common import REPLICATOR_CURSOR_PREFIX
+
 
 class DedupStatus(enum.Enum):
     NOT_DUP = "NotDup"
@@ -35,7 +37,7 @@ class DedupStatus(enum.Enum):
     UNKNOWN = "Unknown"
 
 
-REPLICATOR_PREFIX = "pulsar.repl."
+REPLICATOR_PREFIX = REPLICATOR_CURSOR_PREFIX
 
 
 class MessageDeduplication:
