@@ -1,0 +1,218 @@
+"""Ledger recovery (BookKeeper's ``LedgerRecoveryOp``): fence the last
+ensemble, floor the LAC at the last fragment (BOOKKEEPER #2615), read forward
+writing every readable entry back, close before the first entry that
+Qw-Qa+1 bookies of its write set say they do not have. Never closes short:
+when it cannot decide, it raises and the ledger stays IN_RECOVERY."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Optional
+
+from crc32c import crc32c as _crc32c
+
+from proto import bookie_pb2 as pb
+
+from .errors import BKException, BookieUnavailableError, NoSuchEntryError, NoSuchLedgerError
+from .ledger_handle import LedgerHandle, LedgerState, _has_quorum_coverage, ledger_path
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from .client import BookKeeper
+
+# Ledger recovery reads and writes back entries above the LAC in chunks of about
+# this many payload bytes (first chunk: a fixed count, later ones sized by the
+# average entry seen), at most RECOVERY_MAX_CHUNK_ENTRIES entries each.
+RECOVERY_CHUNK_BYTES = 4 * 1024 * 1024
+RECOVERY_FIRST_CHUNK_ENTRIES = 64
+RECOVERY_MAX_CHUNK_ENTRIES = 2048
+# Recovery reads that must decide "present / absent" (a fast range read failed)
+# read this many entries concurrently, each from its whole write set.
+RECOVERY_STRICT_WINDOW = 16
+
+
+class LedgerRecoveryOp:
+    """One recovery of one ledger by ``bk`` (a ``bookie.client.BookKeeper``):
+    ``await LedgerRecoveryOp(bk).recover(ledger_id, metadata, version)`` -> a
+    closed, read-only ``LedgerHandle``. Raises BookieUnavailableError when too
+    few bookies answer to decide where the ledger ends, MetadataStoreError on a
+    metadata version conflict (another recovery won)."""
+
+    def __init__(self, bk: "BookKeeper"):
+        self.bk = bk
+        self.metadata = bk.metadata
+
+    def connection(self, address: str):
+        return self.bk.connection(address)
+
+    def mark_failed(self, address: str) -> None:
+        self.bk.mark_failed(address)
+
+    async def recover(self, ledger_id: int, md, version: int) -> LedgerHandle:
+        """BookKeeper's LedgerRecoveryOp: fence, read forward from the LAC, write back, close.
+
+        1. Metadata -> IN_RECOVERY (stays so if this raises: a later open retries).
+        2. Fence the last fragment's ensemble; every write set needs Qw-Qa+1 bookies
+           answering (quorum coverage), else BookieUnavailableError.
+        3. LAC = max(LAC the fenced bookies report, last fragment's first entry - 1)
+           (BOOKKEEPER #2615).
+        4. Read forward from LAC+1: an entry any bookie returns is written back to
+           Qa bookies of its write set (else BookieUnavailableError); an entry is
+           absent only when Qw-Qa+1 bookies of its write set answer "no such
+           entry / ledger" -- then the ledger ends before it. If neither can be
+           decided (bookies unreachable or failing), BookieUnavailableError.
+        5. Metadata -> CLOSED at the last entry written back.
+        """
+        md.state = LedgerState.IN_RECOVERY
+        version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=version)
+        last_frag = md.fragments[-1]
+        ensemble = list(last_frag.ensemble)
+        results = await asyncio.gather(*(self.connection(b).fence(ledger_id, md.password) for b in ensemble),
+                                       return_exceptions=True)
+        answered = {b: r for b, r in zip(ensemble, results) if not isinstance(r, BaseException)}
+        for b, r in zip(ensemble, results):
+            if isinstance(r, BookieUnavailableError):
+                self.mark_failed(b)  # fast-path reads try it last
+        if not _has_quorum_coverage(ensemble, md.write_quorum_size, md.ack_quorum_size, answered):
+            errors = [f"{b}: {r}" for b, r in zip(ensemble, results) if isinstance(r, BaseException)]
+            raise BookieUnavailableError(
+                f"ledger {ledger_id}: recovery needs {md.write_quorum_size - md.ack_quorum_size + 1} bookies of "
+                f"every write set of {ensemble} to fence, only {sorted(answered)} answered: {errors}")
+        reported_lac = max(r.last_add_confirmed for r in answered.values())
+        lac = max(reported_lac, last_frag.first_entry_id - 1)
+        handle = LedgerHandle(self.bk, ledger_id, md, version, writable=False)
+        handle.last_add_confirmed = lac
+        # Entries up to the LAC are known to be at Qa; entries above it are read
+        # forward and written back until one is absent. The LAC the writer
+        # piggy-backs lags by its whole pipeline (thousands of entries under
+        # load), so first go in chunks up to the highest entry a fenced bookie
+        # stores: one range read and one pipelined write-back per chunk. A chunk
+        # that is not fully readable proves nothing (a bookie may just be
+        # unreachable): its entries are then read strictly, each from its whole
+        # write set, which decides "present", "absent" or "cannot tell" (raise).
+        entry = lac + 1
+        written_back = 0
+        known_last = max(r.last_entry_id for r in answered.values())
+        chunk = RECOVERY_FIRST_CHUNK_ENTRIES
+        while True:
+            if entry <= known_last:
+                end = min(known_last, entry + chunk - 1)
+                try:
+                    payloads = await handle._read_range(entry, end)
+                except BKException as exc:
+                    log.info("ledger %d recovery: entries %d..%d not all readable at once (%s); reading them "
+                             "one by one from their write sets", ledger_id, entry, end, exc)
+                    payloads = None
+                if payloads is not None:
+                    await self._write_back_many(handle, entry, payloads)
+                    handle.last_add_confirmed = end
+                    written_back += len(payloads)
+                    entry = end + 1
+                    avg = max(1, sum(len(p) for p in payloads) // len(payloads))
+                    chunk = max(1, min(RECOVERY_MAX_CHUNK_ENTRIES, RECOVERY_CHUNK_BYTES // avg))
+                    continue
+            else:
+                end = entry  # beyond what any fenced bookie stores: one entry at a time
+            absent = False
+            while entry <= end and not absent:
+                window_end = min(end, entry + RECOVERY_STRICT_WINDOW - 1)
+                payloads, absent = await self._recovery_read_window(handle, entry, window_end)
+                if payloads:
+                    await self._write_back_many(handle, entry, payloads)
+                    handle.last_add_confirmed = entry + len(payloads) - 1
+                    written_back += len(payloads)
+                    entry += len(payloads)
+            if absent:
+                break
+        md.state = LedgerState.CLOSED
+        md.last_entry_id = handle.last_add_confirmed
+        version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=version)
+        handle._version = version
+        handle.metadata = md
+        log.info("ledger %d recovered: closed at entry %d (bookies' LAC %d, floor %d, %d entries written back)",
+                 ledger_id, md.last_entry_id, reported_lac, last_frag.first_entry_id - 1, written_back)
+        return handle
+
+    async def _recovery_read_window(self, handle: LedgerHandle, first: int,
+                                    last: int) -> tuple[list[bytes], bool]:
+        """Recovery reads of entries first..last, concurrently. Returns (payloads of the
+        present prefix, True if the entry after that prefix is absent). Raises
+        BookieUnavailableError when an entry before the first absent one cannot be decided."""
+        results = await asyncio.gather(*(self._recovery_read(handle, e) for e in range(first, last + 1)),
+                                       return_exceptions=True)
+        payloads: list[bytes] = []
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            if r is None:
+                return payloads, True
+            payloads.append(r)
+        return payloads, False
+
+    async def _recovery_read(self, handle: LedgerHandle, entry_id: int) -> Optional[bytes]:
+        """One recovery read (PendingReadOp in recovery mode): ask every bookie of the
+        entry's write set at once. Returns the payload as soon as one has it, None once
+        Qw-Qa+1 answered "no such entry / ledger" (no ack quorum can hold it), and
+        raises BookieUnavailableError when all answered without deciding."""
+        ws = handle.write_set(entry_id)
+        need = handle.metadata.write_quorum_size - handle.metadata.ack_quorum_size + 1
+        tasks = {asyncio.ensure_future(self.connection(a).read_entries(handle.ledger_id, entry_id, entry_id)): a
+                 for a in ws}
+        negatives = 0
+        errors = []
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    address = tasks[t]
+                    exc = t.exception()
+                    if exc is None:
+                        return t.result()[0]
+                    if isinstance(exc, (NoSuchEntryError, NoSuchLedgerError)):
+                        negatives += 1
+                        if negatives >= need:
+                            return None
+                    elif isinstance(exc, BKException):
+                        if isinstance(exc, BookieUnavailableError):
+                            self.mark_failed(address)
+                        errors.append(f"{address}: {exc}")
+                    else:
+                        raise exc
+        finally:
+            for t in tasks:
+                t.cancel()
+        raise BookieUnavailableError(
+            f"ledger {handle.ledger_id}: recovery cannot tell whether entry {entry_id} exists: {negatives} of "
+            f"write set {ws} answered 'no such entry', {need} needed; {'; '.join(errors)}")
+
+    async def _write_back(self, handle: LedgerHandle, entry_id: int, payload: bytes) -> None:
+        await self._write_back_many(handle, entry_id, [payload])
+
+    async def _write_back_many(self, handle: LedgerHandle, first: int, payloads: list[bytes]) -> None:
+        """Write entries ``first, first+1, ...`` back to their write sets (recovery adds),
+        all pipelined; raises BookieUnavailableError if one reached fewer than Qa bookies."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for i, payload in enumerate(payloads):
+            entry_id = first + i
+            for address in handle.write_set(entry_id):
+                fut = loop.create_future()
+                futures.append((entry_id, fut))
+                request = pb.AddEntryRequest(ledger_id=handle.ledger_id, entry_id=entry_id,
+                                             master_key=handle.metadata.password, payload=payload,
+                                             last_add_confirmed=entry_id - 1, recovery=True,
+                                             crc32c=_crc32c(payload))
+                self.connection(address).add(
+                    request, lambda s, m, f=fut: f.done() or f.set_result((s, m)))
+        await asyncio.gather(*(f for _, f in futures))
+        by_entry: dict[int, list] = {}
+        for entry_id, fut in futures:
+            by_entry.setdefault(entry_id, []).append(fut.result())
+        for entry_id, results in by_entry.items():
+            ok = sum(1 for s, _ in results if s == pb.EOK)
+            if ok < handle.metadata.ack_quorum_size:
+                raise BookieUnavailableError(
+                    f"ledger {handle.ledger_id}: recovery write-back of entry {entry_id} reached {ok} bookies: "
+                    f"{results}")
