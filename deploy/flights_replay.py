@@ -418,7 +418,7 @@ class Demo:
 
     # -- failover -----------------------------------------------------------------------
     async def _failover(self) -> None:
-        from deploy.geo import plan_processes, start_processes
+        from deploy.geo_processes import plan_processes, start_processes
 
         region = self.regions[self.victim]
         total = len(region.flights) or len(self.flights)
