@@ -121,6 +121,8 @@ class BookKeeper:
         self.corrupt_replicas: collections.Counter = collections.Counter()
 
     def connection(self, address: str) -> BookieConnection:
+        """The ``BookieConnection`` to ``address`` (``host:port``), created on first use and
+        shared by every ledger handle of this client (BookKeeper's ``BookieClient`` pool)."""
         conn = self._connections.get(address)
         if conn is None:
             conn = self._connections[address] = BookieConnection(address, self.rpc_timeout_s,
@@ -128,9 +130,14 @@ class BookKeeper:
         return conn
 
     def mark_failed(self, address: str) -> None:
+        """Quarantine ``address`` for ``failed_bookie_quarantine_s`` seconds from now: it is not
+        chosen for new ensembles or as a spare (BookKeeper's bookieQuarantineTimeSeconds;
+        Pulsar: bookkeeperClientHealthCheckQuarantineTimeInSeconds)."""
         self._failed_at[address] = time.monotonic()
 
     def is_failed(self, address: str) -> bool:
+        """True while ``address`` is quarantined (marked failed less than
+        ``failed_bookie_quarantine_s`` seconds ago)."""
         t = self._failed_at.get(address)
         return t is not None and time.monotonic() - t < self.quarantine_s
 
@@ -149,6 +156,8 @@ class BookKeeper:
             return 0
 
         async def alive(address: str) -> bool:
+            """False when the probe got UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED; any other
+            answer (NOT_FOUND for ledger 0 included) shows the bookie serves."""
             try:
                 await self.connection(address).stub.ReadLastAddConfirmed(
                     pb.LedgerRequest(ledger_id=0), timeout=PROBE_TIMEOUT_S, wait_for_ready=True)

@@ -290,6 +290,9 @@ class BookieConnection:
             log.error("%s; its 'no such entry' answers no longer count", self.instance_changed)
 
     async def read_last_add_confirmed(self, ledger_id: int) -> pb.ReadLastAddConfirmedResponse:
+        """This bookie's ``last_add_confirmed`` and ``last_entry_id`` (entry ids, -1 when none) of
+        the ledger and its instance id, which is remembered (BookKeeper's readLastAddConfirmed of
+        one bookie). Raises NoSuchLedgerError (no record here) or another error of ``_map_rpc_error``."""
         try:
             resp = await self.stub.ReadLastAddConfirmed(pb.LedgerRequest(ledger_id=ledger_id),
                                                         timeout=self.rpc_timeout_s)
@@ -299,6 +302,9 @@ class BookieConnection:
         return resp
 
     async def fence(self, ledger_id: int, master_key: bytes) -> pb.FenceResponse:
+        """Fence the ledger on this bookie (BookKeeper's fencing read of ledger recovery): its normal
+        adds are refused from then on. Returns the bookie's LAC, last entry id and instance id
+        (remembered). Raises UnauthorizedAccessError (other master key), BookieUnavailableError, ..."""
         try:
             resp = await self.stub.Fence(pb.LedgerRequest(ledger_id=ledger_id, master_key=master_key),
                                          timeout=self.rpc_timeout_s)
@@ -326,6 +332,8 @@ class BookieConnection:
             raise _map_rpc_error(exc, self.address) from None
 
     async def close(self) -> None:
+        """Fail every add queued or in flight with ``STATUS_UNAVAILABLE`` (later adds fail at once the
+        same way) and close the gRPC channel."""
         self._closed = True
         if self._call is not None:
             self._fail_stream(self._call, f"connection to bookie {self.address} closed")

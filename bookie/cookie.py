@@ -40,7 +40,7 @@ What stays uncovered without a metadata store: a data dir wiped *entirely*
 (cookie and database) looks like a new bookie. Against that, the bookie reports
 its instance id (``GetBookieInfo``, ``ReadLastAddConfirmed``, ``Fence``), and the
 bookie client distrusts "no such entry" answers from an address whose instance
-id changed while it knew it (see :class:`bookie.client.BookieConnection`).
+id changed while it knew it (see :class:`bookie.connection.BookieConnection`).
 """
 
 from __future__ import annotations
@@ -78,21 +78,28 @@ class InvalidCookieError(Exception):
 
 @dataclass(frozen=True)
 class Cookie:
+    """A bookie's identity stamp (BookKeeper's ``Cookie``): ``instance_id`` (128-bit hex),
+    ``bookie_address`` (``host:port`` at the first start, "" when unknown) and
+    ``created_ms`` (epoch milliseconds, 0 when unknown)."""
+
     instance_id: str
     bookie_address: str
     created_ms: int
 
     def to_json(self) -> str:
+        """The ``COOKIE`` file text: a JSON object with ``layout_version`` and the three fields."""
         return json.dumps({"layout_version": COOKIE_LAYOUT_VERSION, "instance_id": self.instance_id,
                            "bookie_address": self.bookie_address, "created_ms": self.created_ms},
                           indent=1) + "\n"
 
 
 def new_instance_id() -> str:
+    """A new random instance id: 16 random bytes as 32 hex characters."""
     return secrets.token_hex(16)
 
 
 def cookie_path(data_dir: str) -> str:
+    """Path of the cookie file in ``data_dir`` (``<data_dir>/COOKIE``)."""
     return os.path.join(data_dir, COOKIE_FILE_NAME)
 
 

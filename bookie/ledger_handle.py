@@ -36,13 +36,22 @@ def ledger_path(ledger_id: int) -> str:
 class MetadataAccess(Protocol):
     """What the bookie client needs of a metadata store (``broker.metadata.MetadataStore`` fits)."""
 
-    async def get(self, path: str): ...
+    async def get(self, path: str):
+        """The node at ``path`` as an object with ``value`` (bytes) and ``version`` (int), or None."""
+        ...
 
-    async def put(self, path: str, value: bytes, expected_version: Optional[int] = None) -> int: ...
+    async def put(self, path: str, value: bytes, expected_version: Optional[int] = None) -> int:
+        """Write ``value``; returns the new version. ``expected_version`` -1 = create only, >= 0 =
+        compare-and-set, None = unconditional; a failed condition raises the store's error."""
+        ...
 
-    async def delete(self, path: str, expected_version: Optional[int] = None) -> None: ...
+    async def delete(self, path: str, expected_version: Optional[int] = None) -> None:
+        """Delete the node at ``path`` (conditional on ``expected_version`` when given)."""
+        ...
 
-    async def increment_counter(self, path: str) -> int: ...
+    async def increment_counter(self, path: str) -> int:
+        """Atomically increment the counter at ``path`` and return the new value (ledger ids)."""
+        ...
 
 
 class _PendingAdd:
@@ -70,12 +79,16 @@ class _PendingAdd:
         self.ws = ws
 
     def succeed(self) -> None:
+        """Report the add complete: ``callback(ctx, entry_id, None)``, else resolve ``future``
+        with the entry id (once; a done future is left alone)."""
         if self.callback is not None:
             self.callback(self.ctx, self.entry_id, None)
         elif not self.future.done():
             self.future.set_result(self.entry_id)
 
     def fail(self, error: BaseException) -> None:
+        """Report the add failed: ``callback(ctx, None, error)``, else fail ``future`` with
+        ``error`` (once; a done future is left alone)."""
         if self.callback is not None:
             self.callback(self.ctx, None, error)
         elif not self.future.done():

@@ -44,9 +44,11 @@ class LedgerRecoveryOp:
         self.metadata = bk.metadata
 
     def connection(self, address: str):
+        """The client's shared ``BookieConnection`` to ``address`` (``host:port``)."""
         return self.bk.connection(address)
 
     def mark_failed(self, address: str) -> None:
+        """Quarantine ``address`` in the client (``BookKeeper.mark_failed``)."""
         self.bk.mark_failed(address)
 
     async def recover(self, ledger_id: int, md, version: int) -> LedgerHandle:

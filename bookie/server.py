@@ -127,6 +127,12 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     # ------------------------------------------------------------------ AddEntry
 
     async def AddEntry(self, request_iterator, context):
+        """Pipelined adds (BookKeeper's ADD_ENTRY, recovery adds included): stream of
+        AddEntriesRequest in, one AddEntriesResponse per request out, a result per add.
+        Bad adds get a per-add AddStatus, the stream goes on: E_INVALID_REQUEST (negative
+        ids, empty master_key, LAC < -1), E_ENTRY_TOO_LARGE, E_READ_ONLY, and from storage
+        E_UNAUTHORIZED_ACCESS, E_LEDGER_FENCED, E_DUPLICATE_ENTRY, E_BOOKIE_ERROR. Aborts with
+        UNAVAILABLE while shutting down, INVALID_ARGUMENT on an unparsable request message."""
         out: asyncio.Queue = asyncio.Queue()
         window = _Window(self._config.max_inflight_requests_per_stream, self._config.max_inflight_bytes_per_stream)
         if self._stopping:
@@ -176,6 +182,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 outstanding.add(fut)
 
                 def done(f, adds=adds, pre_errors=pre_errors, index=index, nbytes=nbytes):
+                    """Queue the request's response (its window share, ``nbytes``) once committed."""
                     outstanding.discard(f)
                     out.put_nowait((_response(adds, pre_errors, index, f.result()), nbytes))
 
@@ -233,6 +240,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     # ------------------------------------------------------------------ reads
 
     async def ReadEntries(self, request, context):
+        """Stream entries ``first_entry_id..last_entry_id`` (inclusive) of a ledger with their
+        stored CRC32C, in chunks of about READ_CHUNK_BYTES (1 MiB) of payload (BookKeeper's
+        READ_ENTRY over a range, as BP-62's batched read). INVALID_ARGUMENT for negative ids or
+        first > last, NOT_FOUND for an unknown ledger, OUT_OF_RANGE when an entry of the range is
+        not stored here, UNAVAILABLE when the storage is closed, INTERNAL on a storage failure."""
         ledger_id, first, last = request.ledger_id, request.first_entry_id, request.last_entry_id
         if ledger_id < 0 or first < 0 or last < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
@@ -256,6 +268,10 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             await _abort_storage(context, exc)
 
     async def ReadLastAddConfirmed(self, request, context):
+        """The committed LAC and last entry id of a ledger on this bookie, with its instance id
+        (what BookKeeper's ReadLastConfirmedOp asks each bookie; a read, nothing is fenced).
+        INVALID_ARGUMENT for a negative ledger id, NOT_FOUND when no record is held here,
+        UNAVAILABLE when the storage is closed."""
         if request.ledger_id < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"ledger_id must be >= 0 (got {request.ledger_id})")
@@ -269,6 +285,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     # ------------------------------------------------------------------ fence / delete
 
     async def Fence(self, request, context):
+        """Fence a ledger durably (BookKeeper's fencing read, FENCE_LEDGER flag, of ledger
+        recovery): from then on its normal adds get E_LEDGER_FENCED. Returns its LAC, last entry
+        id and the instance id; an unknown ledger is recorded fenced with this key at -1/-1.
+        INVALID_ARGUMENT for a negative id or empty master_key, PERMISSION_DENIED for another
+        master key, UNAVAILABLE when the storage is closed, INTERNAL on a storage failure."""
         if request.ledger_id < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"ledger_id must be >= 0 (got {request.ledger_id})")
@@ -283,6 +304,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                                         instance_id=self._storage.instance_id)
 
     async def DeleteLedger(self, request, context):
+        """Delete a ledger's entries and record here; idempotent (an unknown ledger answers OK).
+        No BookKeeper op: BookKeeper deletes the metadata and bookies garbage-collect
+        (GarbageCollectorThread); here the client asks each bookie. INVALID_ARGUMENT for a
+        negative id or empty master_key, PERMISSION_DENIED for another master key (nothing is
+        deleted), UNAVAILABLE when the storage is closed, INTERNAL on a storage failure."""
         if request.ledger_id < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"ledger_id must be >= 0 (got {request.ledger_id})")
@@ -301,6 +327,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         return bookie_pb2.DeleteLedgerResponse()
 
     async def GetBookieInfo(self, request, context):
+        """The bookie's instance id, cookie address, read-only state and reason, and last measured
+        disk usage (share 0..1) (BookKeeper's GET_BOOKIE_INFO). Never fails on input."""
         storage = self._storage
         return bookie_pb2.BookieInfo(instance_id=storage.instance_id or "", cookie_address=storage.cookie_address,
                                      read_only=storage.read_only, read_only_reason=storage.read_only_reason,
@@ -317,6 +345,8 @@ class _Window:
         self._room.set()
 
     async def acquire(self, nbytes: int) -> None:
+        """Wait for room for one request of ``nbytes`` payload bytes, then take it; with nothing
+        in flight one request is always admitted, whatever its size."""
         while self.count and (self.count >= self.max_count or self.bytes + nbytes > self.max_bytes):
             self._room.clear()
             await self._room.wait()
@@ -324,6 +354,7 @@ class _Window:
         self.bytes += nbytes
 
     def release(self, nbytes: int) -> None:
+        """Return one request's room (``nbytes`` payload bytes) and wake the waiting reader."""
         self.count -= 1
         self.bytes -= nbytes
         self._room.set()
@@ -403,6 +434,9 @@ class BookieServer:
         return f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
+        """Bind, open the storage (lock, cookie check), measure the disk once, serve, start the
+        disk monitor. Raises RuntimeError (port not bindable), InvalidCookieError, DataDirInUse;
+        on any failure nothing is left serving."""
         server = grpc.aio.server(options=GRPC_OPTIONS)
         self._servicer = BookieServicer(self.storage, self.config)
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
@@ -457,6 +491,8 @@ class BookieServer:
                 log.warning("disk usage check of %s failed: %r", self.config.data_dir, exc)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop the disk monitor, end the AddEntry streams after answering the adds already read,
+        give other RPCs up to ``grace_s`` seconds, then close the storage (queued adds commit)."""
         if self._monitor is not None:
             self._monitor.cancel()
             self._monitor = None

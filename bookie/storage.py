@@ -172,6 +172,7 @@ class _Ledger:
         self.last_entry_id = last_entry_id
 
     def row(self, ledger_id: int) -> tuple:
+        """This record as a ``ledgers`` table row: ``(ledger_id, master_key, fenced 0/1, lac, last_entry_id)``."""
         return (ledger_id, self.master_key, int(self.fenced), self.lac, self.last_entry_id)
 
 
