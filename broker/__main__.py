@@ -17,6 +17,7 @@ from proto.common import run_async
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the broker flags to ``p`` (each overrides the --config file's key of the same meaning)."""
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with BrokerConfig keys (broker.conf names)")
     p.add_argument("--cluster-name", default=None)
     p.add_argument("--bookies", default=None, help="comma-separated bookie addresses host:port")
@@ -45,6 +46,8 @@ def config_from_args(args) -> BrokerConfig:
 
 
 async def serve(config: BrokerConfig, ready_line: bool = True) -> None:
+    """Start a BrokerServer, print the BROKER_READY line (``ready_line``), serve until SIGTERM /
+    SIGINT, then stop it. A failed start releases what was started and re-raises."""
     from broker.server import BrokerServer
 
     server = BrokerServer(config)
@@ -104,6 +107,8 @@ def run_from_args(args) -> int:
 
 
 def main(argv=None) -> int:
+    """Entry point of ``python -m broker``: parse ``argv`` (None = sys.argv) and run; returns
+    the exit status (see ``run_from_args``)."""
     p = argparse.ArgumentParser(prog="minipulsar broker", description="Run a minipulsar broker")
     add_arguments(p)
     return run_from_args(p.parse_args(argv))

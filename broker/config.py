@@ -1,6 +1,8 @@
 """Broker configuration: one dataclass, loadable from TOML, overridable by flags.
 
-Field names are Pulsar's broker.conf keys in snake_case.
+Field names are Pulsar's broker.conf keys in snake_case; minipulsar's own are
+bookies, data_dir, enable_fault_injection, replicator_mark_delete_rate_limit and
+replicated_subscriptions_update_interval_millis.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ class BrokerConfig(ManagedLedgerSettings):
     dispatcher_max_read_batch_size: int = 100                       # entries per cursor read
     max_unacked_messages_per_consumer: int = 50000
     enable_fault_injection: bool = False                            # tests: admin topics.inject_send_failure
-    # bookie client: an add or read a bookie has not answered in this time counts as that
-    # bookie failing (ensemble change); Pulsar's bookkeeperClientTimeoutInSeconds
+    # bookie client: an add a bookie has not answered in this time (s) counts as that bookie
+    # failing (ensemble change, or NotEnoughBookies without a spare); reads keep the client's
+    # 10 s RPC deadline. Pulsar's bookkeeperClientTimeoutInSeconds (BookKeeper's addEntryTimeout)
     bookkeeper_client_timeout_in_seconds: float = 30.0
     # geo-replication / replicated subscriptions
     replication_policy_check_duration_seconds: int = 600
@@ -126,6 +129,7 @@ class BrokerConfig(ManagedLedgerSettings):
         problems: list[str] = []
 
         def check(key: str, ok: bool, rule: str) -> None:
+            """Add ``"<key> = <value>: <rule>"`` to the problems unless ``ok``."""
             if not ok:
                 problems.append(f"{key} = {_describe(getattr(self, key), bare=True)}: {rule}")
 

@@ -23,6 +23,10 @@ class BrokerCollector:
         self.service = service
 
     def collect(self):
+        """Called per scrape (HTTP server thread): yields the per-topic families (counts,
+        bytes, msgs/s; backlog in entries), the per-subscription and per-replicator ones,
+        the entry cache's and the service's ``extra_metrics()``. A topic whose ``stats()``
+        fails (closing) is left out of this scrape."""
         cluster = self.service.config.cluster_name
         labels = ["cluster", "namespace", "topic"]
         in_msgs = CounterMetricFamily("pulsar_in_messages", "Messages published", labels=labels)
@@ -143,6 +147,8 @@ class GcPauseCollector:
             self._max[gen] = pause
 
     def collect(self):
+        """Yields, per generation 0..2, the pause histogram (seconds, cumulative buckets
+        GC_PAUSE_BUCKETS + +Inf) and the last / longest pause gauges (seconds)."""
         hist = HistogramMetricFamily("python_gc_pause_seconds", "Pauses of the cyclic garbage collector "
                                      "(every thread stops), by generation", labels=["generation"])
         last = GaugeMetricFamily("python_gc_last_pause_seconds", "The latest collection's pause, by generation",

@@ -56,9 +56,15 @@ class BrokerServer:
 
     @property
     def service_url(self) -> str:
+        """``minipulsar://<advertised_address>:<port>`` (the bound gRPC port, so valid after
+        ``start``); registered as this cluster's URL (Pulsar's brokerServiceUrl)."""
         return f"minipulsar://{self.config.advertised_address}:{self.port}"
 
     async def start(self) -> None:
+        """Open the metadata store (``<data_dir>/metadata.db``) and the bookie client, bind the
+        gRPC port, register this cluster's service URL, start the BrokerService, serve gRPC and
+        the HTTP /metrics endpoint. Raises OSError (or grpc's RuntimeError "Failed to bind") when
+        the port cannot be bound; after a failure ``stop()`` releases what was started."""
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
         self.metadata = await SqliteMetadataStore.open(os.path.join(c.data_dir, "metadata.db"))
@@ -87,6 +93,8 @@ class BrokerServer:
                 await res.update_cluster(self.config.cluster_name, self.service_url)
 
     async def stop(self) -> None:
+        """Stop gRPC (1 s grace for running calls), then close the service, the bookie client,
+        the metadata store and the HTTP endpoint; safe after a partial ``start``."""
         if self._server is not None:
             await self._server.stop(grace=1.0)
         if self.service is not None:

@@ -61,6 +61,14 @@ class ControllerStats:
 
 
 class ReplicatedSubscriptionsController:
+    """Pulsar's ReplicatedSubscriptionsController for one topic (see the module docstring).
+
+    ``config``: the broker config; uses replicated_subscriptions_snapshot_frequency_millis
+    (tick, ms), replicated_subscriptions_snapshot_timeout_seconds (s) and
+    replicated_subscriptions_update_interval_millis (ms, UPDATE rate limit; not in Pulsar).
+    ``pending``: snapshot id -> SnapshotBuilder of the snapshots in progress.
+    """
+
     def __init__(self, topic: "PersistentTopic", local_cluster: str, config):
         self.topic = topic
         self.update_interval_s = config.replicated_subscriptions_update_interval_millis / 1000.0
@@ -79,10 +87,12 @@ class ReplicatedSubscriptionsController:
         self.log_prefix = f"[{topic.name}][{local_cluster}]"
 
     def start(self) -> None:
+        """Start the snapshot tick task (one ``start_new_snapshot`` per frequency); idempotent."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
+        """Stop the tick task and drop the pending snapshots (no longer counted as pending)."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -102,6 +112,10 @@ class ReplicatedSubscriptionsController:
 
     # ---- requester side -------------------------------------------------
     def start_new_snapshot(self) -> Optional[str]:
+        """Drop timed-out pending snapshots, then write a SNAPSHOT_REQUEST marker and return its
+        snapshot id (uuid4 hex); None when skipped: no replicated subscription, no remote, a
+        replicator disconnected, or no new data since the last completed snapshot and no
+        follow-up due (Pulsar's startNewSnapshot)."""
         now_ms = int(time.time() * 1000)
         for sid, b in list(self.pending.items()):
             if b.timed_out(now_ms, self.timeout_ms):
@@ -213,6 +227,7 @@ class ReplicatedSubscriptionsController:
         ids: list[tuple[str, Position]] = []
 
         def add(pos: Position) -> None:
+            """Append the origin (cluster, source position) of the cached, non-marker entry at ``pos``."""
             data = ml.cache.get(pos)
             if data is None:
                 return

@@ -43,12 +43,17 @@ class GeoBrokerService(BrokerService):
         self._check_locks: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
+        """Start the BrokerService, then the ``/admin`` metadata watch, the periodic policy
+        check (every replication_policy_check_duration_seconds) and, in the background, the
+        loading of the topics of replicated namespaces."""
         await super().start()
         self._unwatch = self.metadata.watch(self._on_metadata_change, prefix="/admin")
         self._policy_task = asyncio.create_task(self._policy_loop())
         asyncio.create_task(self._load_replicated_topics())
 
     async def close(self) -> None:
+        """Stop the metadata watch and the periodic policy check, then close the BrokerService
+        (which closes the topics and their replicators)."""
         if self._unwatch is not None:
             self._unwatch()
         if self._policy_task is not None:
@@ -102,6 +107,8 @@ class GeoBrokerService(BrokerService):
             await self.check_all_topics()
 
     async def check_all_topics(self) -> None:
+        """``check_replication`` of every loaded topic (Pulsar's
+        BrokerService.checkReplicationPolicies); a topic's failure is logged, never raised."""
         for topic in list(self.topics.values()):
             try:
                 await self.check_replication(topic)
@@ -109,6 +116,9 @@ class GeoBrokerService(BrokerService):
                 log.warning("[%s] replication check failed: %s", topic.name, exc)
 
     async def on_policies_changed(self, namespace: str, policies: Policies) -> None:
+        """Admin hook after ``namespace``'s (or one of its topics') policies were written:
+        ``check_replication`` of its loaded topics with ``policies``; errors propagate to the
+        admin call."""
         for topic in list(self.topics.values()):
             if topic.name.namespace == namespace:
                 await self.check_replication(topic, policies)
@@ -121,11 +131,15 @@ class GeoBrokerService(BrokerService):
                 await rep.close()
 
     async def on_topic_loaded(self, topic: PersistentTopic, policies: Policies) -> None:
-        # A topic is only deleted on a policy change, not when loaded: each cluster
-        # keeps its own policies, and a remote's replicator may arrive first.
+        """BrokerService hook: start the new topic's replicators (Pulsar's checkReplication
+        on topic load). A topic is only deleted on a policy change, not when loaded: each
+        cluster keeps its own policies, and a remote's replicator may arrive first."""
         await self.check_replication(topic, policies, allow_delete=False)
 
     async def replication_clusters(self, topic: PersistentTopic, policies: Optional[Policies] = None) -> list[str]:
+        """Cluster names the topic replicates to (local included): the topic policy's
+        ``replication_clusters`` if set, else the namespace's (``policies``, read when None).
+        Also refreshes ``topic.message_ttl_seconds``. Raises NotFound for a missing namespace."""
         policies = policies or await self.resources.get_policies(topic.name.namespace)
         tp = await self.resources.get_topic_policies(topic.name.partitioned_topic_name.persistence_naming)
         topic.message_ttl_seconds = policies.message_ttl_in_seconds

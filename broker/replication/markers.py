@@ -72,6 +72,7 @@ def update(subscription: str, clusters: dict[str, Position],
 
 
 def position(mid: api.MarkersMessageIdData) -> Position:
+    """The ``Position`` (ledger id, entry id) a marker's MarkersMessageIdData names."""
     return Position(mid.ledger_id, mid.entry_id)
 
 

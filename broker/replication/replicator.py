@@ -77,7 +77,8 @@ def target(url: str) -> str:
 
 
 class RateLimiter:
-    """Token bucket per second for messages and bytes (dispatch_rate); <= 0 = unlimited."""
+    """Messages/s and bytes/s limits over fixed 1-second windows (a counter per window, not a
+    token bucket; Pulsar's DispatchRateLimiter for replicators); a limit <= 0 = unlimited."""
 
     def __init__(self, msgs_per_s: float = 0, bytes_per_s: float = 0):
         self.msgs_per_s = msgs_per_s
@@ -87,6 +88,9 @@ class RateLimiter:
         self._bytes = 0
 
     async def acquire(self, msgs: int, nbytes: int) -> None:
+        """Wait until the current 1-second window is under both limits, then count ``msgs``
+        messages and ``nbytes`` bytes in it (one call may overshoot a limit; the next waits
+        for a new window). Pulsar's dispatchThrottlingRatePerReplicatorInMsg / InByte."""
         if self.msgs_per_s <= 0 and self.bytes_per_s <= 0:
             return
         while True:
@@ -139,9 +143,13 @@ class Replicator:
 
     @property
     def cursor_name(self) -> str:
+        """The local replication cursor's name, ``pulsar.repl.<remote cluster>`` (as Pulsar's)."""
         return REPL_CURSOR_PREFIX + self.remote_cluster
 
     async def start(self) -> None:
+        """Open the durable cursor ``cursor_name`` (created at the earliest position), set its
+        mark_delete_rate_limit and start the replication task, which reconnects on errors.
+        Raises what opening the cursor raises."""
         self.cursor = await self.topic.ml.open_cursor(self.cursor_name, initial_position="earliest")
         self.cursor.mark_delete_rate_limit = self.mark_delete_rate_limit
         self._task = asyncio.create_task(self._run())
@@ -218,6 +226,9 @@ class Replicator:
         batch_done.set()
 
         async def receipts():
+            """Read the remote's answers: delete receipted positions from the cursor and free queue
+            and batch room; EOF, a send_error or a receipt that is not for the oldest entry in
+            flight ends the session (stored in ``failure``)."""
             try:
                 while True:
                     resp = await call.read()
@@ -318,6 +329,7 @@ class Replicator:
         local, pos = self.local_cluster, entry.position
 
         def mark(m):
+            """Stamp the MessageMetadata ``m`` with its origin: ``replicated_from`` and the source position."""
             m.replicated_from = local
             m.replicated_source_ledger_id = pos.ledger_id
             m.replicated_source_entry_id = pos.entry_id

@@ -1,6 +1,9 @@
-"""Pure state of the replicated-subscription snapshot protocol (PIP-33):
-``ReplicatedSubscriptionsSnapshotBuilder`` (one snapshot in progress) and
-``ReplicatedSubscriptionSnapshotCache`` (a subscription's usable snapshots)."""
+"""Pure state of the replicated-subscription snapshot protocol (PIP-33), no I/O:
+``SnapshotBuilder`` (one snapshot in progress, Pulsar's
+``ReplicatedSubscriptionsSnapshotBuilder``; driven by
+``broker.replication.controller``) and ``SnapshotCache`` (a subscription's
+usable snapshots, Pulsar's ``ReplicatedSubscriptionSnapshotCache``; held by
+``broker.service.subscription.Subscription``)."""
 from __future__ import annotations
 
 import bisect
@@ -10,7 +13,9 @@ from broker.ledger.position import Position
 
 
 class SnapshotBuilder:
-    """Collects SNAPSHOT_RESPONSEs for one snapshot id.
+    """Collects SNAPSHOT_RESPONSEs for one snapshot id (Pulsar's
+    ReplicatedSubscriptionsSnapshotBuilder). ``start_ms``: epoch ms the snapshot
+    started; ``remote_clusters``: names of the clusters asked.
 
     ``received_response(position, cluster, remote_position)`` returns:
     ``None`` (still waiting), ``"second_round"`` (write another SNAPSHOT_REQUEST:
@@ -30,6 +35,10 @@ class SnapshotBuilder:
         self.local: Optional[Position] = None
 
     def received_response(self, position: Position, cluster: str, remote_position: Position) -> Optional[str]:
+        """Record ``cluster``'s answer: ``remote_position`` is its last position, ``position``
+        the local position of the SNAPSHOT_RESPONSE marker (kept as ``local`` on completion).
+        Answers from clusters not asked, or repeated within a round, are ignored (None).
+        Returns None / ``"second_round"`` / ``"complete"`` as the class says."""
         if cluster not in self.remote_clusters:
             return None
         if cluster not in self.missing:
@@ -49,15 +58,20 @@ class SnapshotBuilder:
         return "complete"
 
     def timed_out(self, now_ms: int, timeout_ms: int) -> bool:
+        """True when more than ``timeout_ms`` ms passed since ``start_ms`` (both epoch ms);
+        the controller drops it (replicatedSubscriptionsSnapshotTimeoutSeconds)."""
         return now_ms - self.start_ms > timeout_ms
 
 
 class SnapshotCache:
     """Snapshots of one subscription ordered by local position, at most
-    ``max_snapshots``. When full, a new snapshot replaces the one whose removal
-    leaves the most even spread (never the oldest, which the lagging
-    mark-delete position will meet first), so a subscription far behind still
-    finds a usable snapshot (Pulsar PR #25044)."""
+    ``max_snapshots`` (count, at least 2; broker config
+    replicated_subscriptions_snapshot_max_cached_per_subscription, Pulsar's
+    replicatedSubscriptionsSnapshotMaxCachedPerSubscription). When a new
+    snapshot overfills it, the interior snapshot whose neighbours are closest
+    is evicted (never the oldest, which the lagging mark-delete position will
+    meet first, nor the newest), so a subscription far behind still finds a
+    usable snapshot (Pulsar PR #25044)."""
 
     def __init__(self, max_snapshots: int = 30):
         self.max_snapshots = max(2, max_snapshots)
@@ -68,6 +82,8 @@ class SnapshotCache:
         return len(self._positions)
 
     def add(self, local: Position, snapshot) -> None:
+        """Cache ``snapshot`` (a ReplicatedSubscriptionsSnapshot message) at its ``local``
+        position; ignored unless ``local`` is past the newest cached one."""
         if self._positions and local <= self._positions[-1]:
             return   # old or duplicate snapshot (e.g. re-read after a rewind)
         self._positions.append(local)
@@ -94,6 +110,7 @@ class SnapshotCache:
         return snap
 
     def positions(self) -> list[Position]:
+        """Local positions of the cached snapshots, oldest first (a copy)."""
         return list(self._positions)
 
 
