@@ -1,6 +1,7 @@
 """SDK behaviour the geo demo depends on, checked against a real cluster.
 
-Found while building the demo (issue 6); these fail until the SDK is fixed.
+Regressions found while building the demo (issue 6), fixed since: each test
+reproduces the failure that was seen and asserts the fixed behaviour.
 """
 from __future__ import annotations
 
