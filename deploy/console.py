@@ -18,6 +18,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Seque
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r):
+        """Row ``r`` (strings) padded to ``widths``, trailing spaces stripped."""
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
 
     out = [line(cells[0]), "  ".join("-" * w for w in widths)]

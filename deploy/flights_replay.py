@@ -384,6 +384,8 @@ class Demo:
         idle.set()
 
         def done(exc, msg_id):
+            """``send_async`` callback: free a window slot and count the send as failed or
+            acknowledged; a receipt with a negative ledger id (-1:-1) was deduplicated."""
             nonlocal inflight
             inflight -= 1
             window.release()
@@ -509,6 +511,8 @@ class Demo:
         loads = json.loads
 
         async def read_partition(i: int) -> None:
+            """Read partition ``i`` from the earliest message into ``counts``, counting order
+            violations of the ``seq`` property per (origin, carrier); a 1.5 s read timeout ends it."""
             nonlocal order_violations
             reader = await self.clients[cluster].create_reader(f"{self.spec.topic}-partition-{i}",
                                                                MessageId.earliest, receiver_queue_size=5000)

@@ -299,6 +299,7 @@ def cmd_probe(args) -> int:
         return 0 if _port_open(host or "127.0.0.1", int(port), args.timeout) else 1
 
     async def check() -> bool:
+        """True when the broker's admin health call answers ``ok`` within ``--timeout`` seconds."""
         from client.admin import AdminClient
 
         admin = AdminClient(f"minipulsar://{args.address}", operation_timeout_seconds=args.timeout)

@@ -246,6 +246,7 @@ def _memory(pid: int) -> tuple[int | None, int | None]:
         return None, None
 
     def kib(name):
+        """Bytes of the ``/proc/<pid>/status`` field ``name`` (given there in kB), or None."""
         v = fields.get(name, "").split()
         return int(v[0]) * 1024 if v else None
     return kib("VmRSS"), kib("VmHWM")

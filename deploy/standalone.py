@@ -34,6 +34,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a TCP socket (SO_REUSEADDR) can bind ``host:port`` right now."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -110,6 +111,11 @@ _STANDALONE_KEYS = {"cluster_name": "--cluster-name", "bookies": "--bookies N st
 
 
 async def run(args) -> int:
+    """Run the standalone for parsed ``args`` until SIGTERM / SIGINT: reuse or choose the bookie
+    ports (``standalone.json``), check the config, start the bookie processes and the broker,
+    create ``public/default``, print the ready lines; stop everything on the way out. Returns
+    the exit status: 2 for a bad configuration, 1 when a bookie port is in use, 0 after a stop.
+    A bookie or broker that does not start raises (RuntimeError, OSError, ...)."""
     from broker.config import ConfigError
     from broker.server import BrokerServer
 
@@ -173,6 +179,7 @@ async def run(args) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``minipulsar standalone`` flags to ``p``."""
     p.add_argument("--data-dir", default="data/standalone", help="where everything is stored (default data/standalone)")
     p.add_argument("--port", type=int, default=6600, help="broker gRPC port (default 6600; 0 = any free port)")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
@@ -188,6 +195,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args) -> int:
+    """Set up logging and run the standalone; returns the exit status: 2 for bad flags or
+    configuration, 1 when it cannot start (one line on stderr), 0 after a clean stop."""
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.bookies < 1:
