@@ -38,10 +38,14 @@ def _generate(out_dir: pathlib.Path) -> None:
 
 
 def generated_files(out_dir: pathlib.Path) -> dict[str, str]:
+    """File name -> text of every generated module (``*_pb2*.py``) in ``out_dir``."""
     return {p.name: p.read_text() for p in sorted(out_dir.glob("*_pb2*.py"))}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m proto.generate [--check]``: regenerate into a temporary dir, then rewrite
+    the committed modules (stale ones removed), or with ``--check`` compare only. Returns
+    the exit status (1: committed code is stale); SystemExit when protoc fails."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check that the committed code is fresh")
     args = parser.parse_args(argv)

@@ -28,6 +28,7 @@ class ServiceUrl:
 
     @property
     def target(self) -> str:
+        """The gRPC target ``"host:port"`` (for ``grpc.aio.insecure_channel``)."""
         return f"{self.host}:{self.port}"
 
     def __str__(self) -> str:

@@ -24,7 +24,7 @@ _PATH_TRICKS = (".", "..")                               # path segments of the 
 
 @dataclasses.dataclass(frozen=True)
 class TopicName:
-    """A parsed topic name. ``partition`` is -1 for a non-partition topic."""
+    """A parsed topic name (immutable). ``partition_index`` is -1 for a non-partition topic."""
 
     domain: str
     tenant: str
@@ -75,6 +75,7 @@ class TopicName:
 
     @property
     def namespace(self) -> str:
+        """``"<tenant>/<namespace>"`` (Pulsar's TopicName.getNamespace)."""
         return f"{self.tenant}/{self.namespace_portion}"
 
     def __str__(self) -> str:
@@ -88,6 +89,7 @@ class TopicName:
 
     @property
     def is_partition(self) -> bool:
+        """True for a partition ``<topic>-partition-N`` (Pulsar's TopicName.isPartitioned)."""
         return self.partition_index >= 0
 
     def partition(self, index: int) -> "TopicName":
