@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from deploy.console import human_bytes, human_count, table
-from deploy.geo_processes import (STOP_TIMEOUT_S, GeoError, GeoProcess, _memory, _port_open, plan_processes,
+from deploy.geo_processes import (STOP_TIMEOUT_S, GeoError, _memory, _port_open, plan_processes,
                                   start_processes, stop_processes)
 from deploy.topology import DEFAULT_TOPOLOGY, Topology, TopologyError, busy_ports, load_topology
 from proto.common import run_async
