@@ -198,6 +198,13 @@ class AdminClient:
         """Create a partitioned topic with ``partitions`` partitions."""
         return await self.call("topics.create_partitioned", topic=topic, partitions=int(partitions))
 
+    async def update_partitioned_topic(self, topic: str, partitions: int) -> dict:
+        """Raise the number of partitions of a partitioned topic to ``partitions``
+        (Pulsar's updatePartitionedTopic; never fewer: ``InvalidArgument``;
+        ``NotFound`` when ``topic`` is not partitioned).  Returns
+        ``{"partitions": N, "previous": M}``."""
+        return await self.call("topics.update_partitioned", topic=topic, partitions=int(partitions))
+
     async def get_partitioned_topic_metadata(self, topic: str) -> int:
         """Number of partitions (0 = not partitioned)."""
         return int((await self.call("topics.partitioned_metadata", topic=topic))["partitions"])
@@ -234,18 +241,31 @@ class AdminClient:
         """Delete ``subscription`` of ``topic`` (``NotFound`` if absent)."""
         return await self.call("topics.unsubscribe", topic=topic, subscription=subscription)
 
+    async def create_subscription(self, topic: str, subscription: str, message_id: MessageId | str = "latest",
+                                  is_excluded: bool = False) -> dict:
+        """Create the durable ``subscription`` (Pulsar's createSubscription) whose
+        next message is ``message_id`` (``MessageId``, ``"ledger:entry"``,
+        ``"earliest"`` or ``"latest"``), or the one after it with ``is_excluded``;
+        on every partition of a partitioned topic.  Raises ``AlreadyExists``."""
+        if isinstance(message_id, MessageId):
+            message_id = f"{message_id.ledger_id}:{message_id.entry_id}"
+        return await self.call("topics.create_subscription", topic=topic, subscription=subscription,
+                               message_id=str(message_id), is_excluded=bool(is_excluded) or None)
+
     async def reset_cursor(self, topic: str, subscription: str, message_id: MessageId | str | None = None,
-                           timestamp_ms: int | None = None) -> dict:
-        """Move ``subscription`` to ``message_id`` (``MessageId`` or ``"ledger:entry"``)
-        or to the first message published at/after ``timestamp_ms`` (ms since epoch);
-        exactly one of them."""
+                           timestamp_ms: int | None = None, is_excluded: bool = False) -> dict:
+        """Move ``subscription`` to ``message_id`` (``MessageId`` or ``"ledger:entry"``;
+        the next message delivered, or the one after it with ``is_excluded``, as
+        Pulsar's resetCursor) or to the first message published at/after
+        ``timestamp_ms`` (ms since epoch); exactly one of them."""
         if (message_id is None) == (timestamp_ms is None):
             raise InvalidConfiguration("reset_cursor needs exactly one of message_id or timestamp_ms")
         if isinstance(message_id, MessageId):
             message_id = f"{message_id.ledger_id}:{message_id.entry_id}"
         return await self.call("topics.reset_cursor", topic=topic, subscription=subscription,
                                message_id=message_id,
-                               timestamp_ms=int(timestamp_ms) if timestamp_ms is not None else None)
+                               timestamp_ms=int(timestamp_ms) if timestamp_ms is not None else None,
+                               is_excluded=True if is_excluded and message_id is not None else None)
 
     async def set_replication_clusters(self, topic: str, clusters: list[str]) -> dict:
         """Topic-level replication clusters (override the namespace's)."""

@@ -6,6 +6,7 @@ with Pulsar's ``pulsar-admin`` verbs and argument shapes.
     minipulsar-admin namespaces create acme/orders
     minipulsar-admin namespaces set-clusters acme/orders --clusters us-west,us-east
     minipulsar-admin topics create-partitioned-topic persistent://acme/orders/o -p 4
+    minipulsar-admin topics update-partitioned-topic persistent://acme/orders/o -p 8
     minipulsar-admin topics stats persistent://acme/orders/o --json
     minipulsar-admin topics reset-cursor my-topic -s my-sub -t 10m
 
@@ -287,6 +288,14 @@ async def _topics_create_partitioned(a, args):
             f"partitioned topic {args.topic} created with {args.partitions} partitions")
 
 
+async def _topics_update_partitioned(a, args):
+    result = await a.update_partitioned_topic(args.topic, args.partitions)
+    previous = result.get("previous", args.partitions)
+    text = (f"partitioned topic {args.topic} now has {args.partitions} partitions (was {previous})"
+            if previous != args.partitions else f"partitioned topic {args.topic} already has {previous} partitions")
+    return {"ok": True, "topic": args.topic, "partitions": args.partitions, "previous": previous}, text
+
+
 async def _topics_list(a, args):
     return await a.list_topics(args.namespace), None
 
@@ -488,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = group("topics", "topics, subscriptions and stats")
     verb(g, "create", _topics_create, "create a non-partitioned topic").add_argument("topic", metavar="TOPIC")
     v = verb(g, "create-partitioned-topic", _topics_create_partitioned, "create a partitioned topic")
+    v.add_argument("topic", metavar="TOPIC")
+    v.add_argument("--partitions", "-p", type=int, required=True, metavar="N")
+    v = verb(g, "update-partitioned-topic", _topics_update_partitioned,
+             "raise the number of partitions of a partitioned topic (never fewer)")
     v.add_argument("topic", metavar="TOPIC")
     v.add_argument("--partitions", "-p", type=int, required=True, metavar="N")
     verb(g, "list", _topics_list, "list the topics of a namespace (partitions individually)").add_argument(

@@ -328,6 +328,28 @@ async def _topics_create_partitioned(s: BrokerService, b: dict):
     return {"ok": True, "partitions": partitions}
 
 
+@verb("topics.update_partitioned", topic=TOPIC, partitions=_INT)
+async def _topics_update_partitioned(s: BrokerService, b: dict):
+    """Pulsar's updatePartitionedTopic: more partitions, never fewer (a message
+    stored in a removed partition would never be read again)."""
+    tn = _topic(b)
+    if tn.is_partition:
+        raise InvalidArgument(f"{tn} names a partition; give the partitioned topic's name")
+    path = s.resources.partitioned_path(tn.persistence_naming)
+    got = await s.metadata.get(path)
+    if got is None:
+        raise NotFound(f"{tn} is not a partitioned topic; create it with: "
+                       f"minipulsar-admin topics create-partitioned-topic {tn} -p N")
+    current = int(json.loads(got.value)["partitions"])
+    wanted = b["partitions"]
+    if wanted < current:
+        raise InvalidArgument(f"{tn} has {current} partitions: the number of partitions can only grow "
+                              f"(asked for {wanted})")
+    if wanted > current:
+        await s.metadata.put(path, json.dumps({"partitions": wanted}).encode(), got.version)
+    return {"ok": True, "partitions": wanted, "previous": current}
+
+
 @verb("topics.partitioned_metadata", topic=TOPIC)
 async def _topics_pmeta(s: BrokerService, b: dict):
     return {"partitions": await s.resources.get_partitions(_topic(b).persistence_naming)}
@@ -380,24 +402,73 @@ async def _topics_unload(s: BrokerService, b: dict):
     return {"ok": True}
 
 
+async def _topic_or_partitions(s: BrokerService, tn: TopicName) -> list:
+    """The loaded topic, or every partition of a partitioned topic."""
+    partitions = await s.resources.get_partitions(tn.persistence_naming)
+    if partitions:
+        return [await _existing(s, tn.partition(i)) for i in range(partitions)]
+    return [await _existing(s, tn)]
+
+
 @verb("topics.subscriptions", topic=TOPIC)
 async def _topics_subs(s: BrokerService, b: dict):
-    return sorted((await _existing(s, _topic(b))).subscriptions)
+    """Durable subscriptions; of a partitioned topic: those of any partition."""
+    return sorted({name for topic in await _topic_or_partitions(s, _topic(b)) for name in topic.subscriptions})
 
 
 @verb("topics.unsubscribe", topic=TOPIC, subscription=SUBSCRIPTION)
 async def _topics_unsub(s: BrokerService, b: dict):
-    topic = await _existing(s, _topic(b))
-    sub = topic.subscriptions.get(b["subscription"])
-    if sub is None:
-        raise NotFound(f"subscription {b['subscription']} does not exist on {topic.name}")
-    await sub.unsubscribe()
+    """Delete a subscription; of a partitioned topic: on every partition that has it."""
+    found = False
+    for topic in await _topic_or_partitions(s, _topic(b)):
+        sub = topic.subscriptions.get(b["subscription"])
+        if sub is not None:
+            await sub.unsubscribe()
+            found = True
+    if not found:
+        raise NotFound(f"subscription {b['subscription']} does not exist on {_topic(b)}")
+    return {"ok": True}
+
+
+@verb("topics.create_subscription", topic=TOPIC, subscription=SUBSCRIPTION, message_id=_STR.optional(),
+      is_excluded=_BOOL.optional())
+async def _topics_create_sub(s: BrokerService, b: dict):
+    """Pulsar's createSubscription: a durable subscription whose next message is
+    ``message_id`` ("ledger:entry", "earliest" or "latest", the default), or the
+    one after it with ``is_excluded``; of a partitioned topic: on every partition.
+    AlreadyExists when a partition has it."""
+    from .errors import AlreadyExists
+    from .subscription import Subscription
+    from .topic import INTERNAL_CURSOR_PREFIXES
+    name = b["subscription"]
+    if name.startswith(INTERNAL_CURSOR_PREFIXES):
+        raise InvalidArgument(f"subscription names starting with 'pulsar.' are reserved: {name}")
+    target = str(b.get("message_id", "latest")).strip().lower()
+    position = None
+    if target not in ("earliest", "latest"):
+        try:
+            position = Position.parse(target)
+        except ValueError as exc:
+            raise InvalidArgument(f"message_id: {exc}; give 'ledger:entry', 'earliest' or 'latest'") from None
+    topics = await _topic_or_partitions(s, _topic(b))
+    for topic in topics:
+        if name in topic.subscriptions:
+            raise AlreadyExists(f"subscription {name} already exists on {topic.name}")
+    for topic in topics:
+        initial = target
+        if position is not None:   # the cursor's mark-delete position: the entry before the next one
+            md = position if b.get("is_excluded") else Position(position.ledger_id, position.entry_id - 1)
+            initial = (md.ledger_id, md.entry_id)
+        cursor = await topic.ml.open_cursor(name, initial_position=initial)
+        topic.subscriptions.setdefault(name, Subscription(topic, name, cursor))
     return {"ok": True}
 
 
 @verb("topics.reset_cursor", topic=TOPIC, subscription=SUBSCRIPTION, message_id=_STR.optional(),
-      timestamp_ms=_INT.optional())
+      timestamp_ms=_INT.optional(), is_excluded=_BOOL.optional())
 async def _topics_reset(s: BrokerService, b: dict):
+    """Pulsar's resetCursor: ``message_id`` is the next message delivered, or
+    with ``is_excluded`` the one after it; or the first published at/after ``timestamp_ms``."""
     topic = await _existing(s, _topic(b))
     sub = topic.subscriptions.get(b["subscription"])
     if sub is None:
@@ -407,6 +478,8 @@ async def _topics_reset(s: BrokerService, b: dict):
             pos = Position.parse(str(b["message_id"]))
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
+        if b.get("is_excluded"):
+            pos = topic.ml.next_position(pos)
     elif "timestamp_ms" in b:
         from .seek import find_position_by_publish_time
         pos = await find_position_by_publish_time(topic.ml, b["timestamp_ms"])

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Optional
 
 from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError
@@ -81,6 +82,10 @@ class PersistentTopic:
         self.ml = ml
         self.producers: dict[str, BrokerProducer] = {}
         self.subscriptions: dict[str, Subscription] = {}
+        # Readers' non-durable subscriptions, only for stats (Pulsar lists them too); an
+        # entry disappears with its Subscription, and stats() skips closed ones.
+        self.non_durable_subscriptions: "weakref.WeakValueDictionary[str, Subscription]" = \
+            weakref.WeakValueDictionary()
         self.dedup = MessageDeduplication(dedup_enabled, self.config.broker_deduplication_entries_interval)
         self._dedup_cursor = None
         self._dedup_last_position: Optional[Position] = None
@@ -398,6 +403,7 @@ class PersistentTopic:
             cursor = self.ml.new_non_durable_cursor(start, name=sub.subscription,
                                                     inclusive=sub.start_message_id_inclusive)
             subscription = Subscription(self, sub.subscription, cursor, durable=False)
+            self.non_durable_subscriptions[sub.subscription] = subscription
         subscription.add_consumer(consumer, sub.sub_type)
         return subscription
 
@@ -418,10 +424,15 @@ class PersistentTopic:
 
     # ---- figures --------------------------------------------------------
     def stats(self) -> dict:
-        """Topic stats with Pulsar's field names (TopicStats)."""
+        """Topic stats with Pulsar's field names (TopicStats). ``subscriptions``
+        lists the durable subscriptions and, as Pulsar does, the connected
+        Readers' non-durable ones (``isDurable`` false); ``backlogSize`` counts
+        the durable ones only."""
         rates = self.service.rates.get(self.full_name, {})
         subs = {}
-        for name, s in self.subscriptions.items():
+        readers = [(n, s) for n, s in list(self.non_durable_subscriptions.items())
+                   if s.consumers and n not in self.subscriptions]
+        for name, s in [*self.subscriptions.items(), *readers]:
             srates = rates.get("subs", {}).get(name, {})
             subs[name] = {
                 "msgBacklog": s.backlog(),
@@ -431,6 +442,7 @@ class PersistentTopic:
                 "msgThroughputOut": srates.get("msgThroughputOut", 0.0),
                 "msgRateRedeliver": srates.get("msgRateRedeliver", 0.0),
                 "isReplicated": s.replicated,
+                "isDurable": s.durable,
                 "markDeletePosition": str(s.cursor.mark_delete_position),
                 "readPosition": str(s.cursor.read_position),
                 "consumers": [{"consumerName": c.name, "availablePermits": c.permits,
@@ -446,7 +458,7 @@ class PersistentTopic:
             "msgInCounter": self.msg_in_counter,
             "bytesInCounter": self.bytes_in_counter,
             "storageSize": self.ml.total_size,
-            "backlogSize": max((v["msgBacklog"] for v in subs.values()), default=0),
+            "backlogSize": max((v["msgBacklog"] for v in subs.values() if v["isDurable"]), default=0),
             "publishers": [{"producerName": p.name, "msgInCounter": p.msg_in_counter,
                             "isReplicator": p.is_replicator} for p in self.producers.values()],
             "subscriptions": subs,
