@@ -7,13 +7,24 @@ reader, so a ``PartitionRange`` carries everything the read needs and the
 read opens (and closes) its own broker connection, on its own event loop in
 the worker's thread.
 
-Where the range ends: messages are read until the last message of entry
-``end`` (a batch entry's messages arrive together, with ``batch_size``).  If
-``end`` or the entries before it are markers (replicated-subscription
-snapshots, never delivered to consumers), nothing more arrives: after
-``pollTimeoutMs`` without a message the read asks the broker for the reader's
-subscription mark-delete position — markers are acknowledged by the broker,
-our messages by the reader — and stops once it has reached ``end``.
+Where the range ends (``progress.RangeProgress``): the Reader's entry
+splitter reports every entry the broker pushes, delivered or not, so the
+read knows its own position.  It stops once every entry up to ``end`` was
+pushed, every chunked message that began in the range is complete (its last
+chunks may lie past ``end``; a chunked message belongs to the range of its
+first chunk) and the messages received were handed out.  Entries the broker
+never pushes are markers (replicated-subscription snapshots): when the read
+waits for entries up to ``end`` but the topic's last dispatchable entry
+(GetLastMessageId, which skips trailing markers) was already pushed, the rest
+are markers.
+
+Lost data (``failOnDataLoss``): the range comes with the ledgers it covered
+when the driver planned it.  Before reading, every one of them must still
+exist; while reading, an entry that was planned but not pushed is a marker
+only if its ledger still exists, else retention deleted it after planning
+(Kafka's fetched-offset check; pulsar-spark's "Potential Data Loss").  With
+``failOnDataLoss=true`` that fails the read, else it is logged with the
+number of entries lost and the read goes on.
 """
 from __future__ import annotations
 
@@ -24,8 +35,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from client.errors import ConnectError, NotFound, PulsarException, Timeout, TopicNotFound
-from client.spark.offsets import EARLIEST, Position, TopicPartition, partition_topic_name
+from client.spark.ledgers import entries_in_range
+from client.spark.offsets import EARLIEST, LedgerInfo, Position, TopicPartition, partition_topic_name
 from client.spark.options import SourceError
+from client.spark.progress import RangeProgress
 
 __all__ = ["PartitionRange", "ROWS_PER_BATCH", "read_partition"]
 
@@ -38,7 +51,9 @@ ROWS_PER_BATCH = 8192
 class PartitionRange:
     """What one Spark input partition reads: topic partition ``tp`` from after
     ``start`` up to and including entry ``end``, plus the settings of the read
-    (all picklable).  ``start`` may be ``EARLIEST``."""
+    (all picklable).  ``start`` may be ``EARLIEST``.  ``ledgers``: the ledgers
+    (``(ledger_id, entries)``) holding the range when the driver planned it
+    (``ledgers.plan_ledgers``); empty = no check for ledgers deleted since."""
 
     service_url: str
     tp: TopicPartition
@@ -49,6 +64,7 @@ class PartitionRange:
     read_timeout_ms: int = 120_000
     operation_timeout_ms: int = 30_000
     receiver_queue_size: int = 1000
+    ledgers: tuple[LedgerInfo, ...] = ()
 
     @property
     def topic(self) -> str:
@@ -104,8 +120,8 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
-def _entry(mid) -> tuple[int, int]:
-    return mid.ledger_id, mid.entry_id
+def _entry(mid) -> Position:
+    return Position(mid.ledger_id, mid.entry_id)
 
 
 class _RangeRead:
@@ -116,28 +132,29 @@ class _RangeRead:
         self.client = None
         self.reader = None
         self.admin = None
+        self.progress = RangeProgress(part.start, part.end, part.ledgers)
         self.done = part.end <= part.start
-        self.last: tuple[int, int, int] | None = None   # (ledger, entry, batch_index) of the last row
+        self.last: tuple[int, int, int] | None = None   # (ledger, entry, batch_index) of the last message read
         self.rows = 0
+        self.lost = 0                                   # entries deleted before being read (failOnDataLoss=false)
 
     async def open(self) -> None:
         """Check the partition (``_precheck``) and open the Reader after ``start``;
         retries connection errors within ``operationTimeoutMs``.  Raises ``SourceError``."""
         from client.client import AsyncClient
-        from client.message_id import MessageId
+        from client.spark.tracked_reader import open_tracked_reader
         part = self.part
         self.client = AsyncClient(part.service_url, operation_timeout_seconds=part.operation_timeout_ms / 1000)
         if not await self._precheck():
             self.done = True
             return
-        start = MessageId.earliest if part.start == EARLIEST else MessageId(*part.start)
         deadline = time.monotonic() + part.operation_timeout_ms / 1000
         backoff = 0.1
         try:
             while True:
                 try:
-                    self.reader = await self.client.create_reader(
-                        part.topic, start, start_message_id_inclusive=False,
+                    self.reader = await open_tracked_reader(
+                        self.client, part.topic, part.tp.partition, part.start, self.progress,
                         receiver_queue_size=part.receiver_queue_size, reader_name=f"spark-{part.tp.partition}")
                     break
                 except (ConnectError, Timeout) as exc:
@@ -161,8 +178,9 @@ class _RangeRead:
 
     async def _precheck(self) -> bool:
         """Before subscribing (which would auto-create a deleted topic): does the
-        partition still exist and still reach ``end``?  False = nothing to read
-        (``failOnDataLoss=false``); raises ``SourceError`` otherwise."""
+        partition still exist, still reach ``end`` and still hold every ledger
+        planned for the range?  False = nothing to read (``failOnDataLoss=false``,
+        topic gone); raises ``SourceError`` otherwise."""
         from client.admin import AdminClient
         from client.spark.lookup import parse_stats_position
         part = self.part
@@ -177,6 +195,10 @@ class _RangeRead:
         else:
             last = parse_stats_position(stats.get("lastConfirmedEntry", "-1:-1"))
             if last >= part.end:
+                present = {int(li["ledgerId"]) for li in stats.get("ledgers", ())}
+                gone = {li.ledger_id: entries_in_range(part.start, part.end, li) for li in part.ledgers
+                        if li.ledger_id not in present}
+                self._lost(gone, "before the read started")
                 return True
             problem = f"{part.topic} now ends at entry {last} (deleted and re-created?)"
         message = (f"option 'failOnDataLoss': {problem} but entries {part.start}..{part.end} were still to be "
@@ -186,61 +208,112 @@ class _RangeRead:
         log.warning("%s", message)
         return False
 
+    def _lost(self, gone: dict[int, int], when: str) -> None:
+        """Report entries of deleted ledgers (``{ledger_id: entries}``): raise with
+        ``failOnDataLoss``, else log and count them."""
+        gone = {lid: n for lid, n in gone.items() if n > 0}
+        if not gone:
+            return
+        part, n = self.part, sum(gone.values())
+        first = self.progress.observed if self.progress.observed != part.start else None
+        message = (f"option 'failOnDataLoss': potential data loss in {part.tp.topic} partition {part.tp.partition}: "
+                   f"{n} entries of ({part.start}, {part.end}] were deleted {when}: ledger(s) "
+                   f"{', '.join(str(lid) for lid in sorted(gone))} no longer exist (retention trimmed them after "
+                   f"the micro-batch was planned{f'; the read went on at {first}' if first else ''}). Readers do not "
+                   f"hold data: give the namespace a retention policy longer than a query may lag, or set the "
+                   f"source option durableSubscription=true; set failOnDataLoss=false to skip lost entries")
+        if part.fail_on_data_loss:
+            raise SourceError(message)
+        self.lost += n
+        log.warning("%s; skipping them (failOnDataLoss=false)", message)
+
+    async def _settle_suspects(self) -> None:
+        """Ledgers with planned entries that were not pushed: still there (the
+        entries were markers) or deleted (lost data)."""
+        progress = self.progress
+        if not progress.suspects:
+            return
+        suspects, progress.suspects = dict(progress.suspects), {}
+        try:
+            stats = await self.admin.get_internal_stats(self.part.topic)
+            present = {int(li["ledgerId"]) for li in stats.get("ledgers", ())}
+        except (TopicNotFound, NotFound):
+            present = set()
+        except PulsarException as exc:
+            progress.suspects.update(suspects)     # decide at the next pass
+            log.debug("internal stats of %s failed: %s", self.part.topic, exc)
+            return
+        self._lost({lid: n for lid, n in suspects.items() if lid not in present}, "before being read")
+
+    def _complete(self) -> bool:
+        from client.spark.tracked_reader import queued_messages
+        return self.progress.complete(queued_messages(self.reader))
+
     async def next_columns(self, max_rows: int) -> _Columns:
-        """Read up to ``max_rows`` messages of the range; sets ``done`` at its end."""
+        """Read up to ``max_rows`` messages of the range; sets ``done`` at its end.
+        Raises ``SourceError`` (lost data with ``failOnDataLoss``, nothing
+        arriving for ``readTimeoutMs``)."""
         cols = _Columns()
-        part = self.part
-        end = tuple(part.end)
+        part, progress = self.part, self.progress
         idle_since = None
         while not self.done and len(cols) < max_rows:
+            await self._settle_suspects()
+            if self._complete():
+                self.done = True
+                break
             try:
                 msg = await self.reader.read_next(part.poll_timeout_ms)
             except Timeout:
                 now = time.monotonic()
                 idle_since = idle_since or now
-                if await self._reached_end():
-                    self.done = True
-                elif (now - idle_since) * 1000 >= part.read_timeout_ms:
-                    raise SourceError(
-                        f"option 'readTimeoutMs': no message from {part.topic} for "
-                        f"{part.read_timeout_ms / 1000:g}s while entries up to {part.end} remain (last read "
-                        f"{self.last[0] if self.last else part.start.ledger_id}:"
-                        f"{self.last[1] if self.last else part.start.entry_id}); is the broker up?") from None
+                await self._idle((now - idle_since) * 1000)
                 continue
             idle_since = None
             mid = msg.message_id()
-            chunks = getattr(msg, "_chunk_ids", None)
-            first_entry = _entry(chunks[0]) if chunks else _entry(mid)
-            if first_entry > end:
-                self.done = True   # past the range (the rest of the range were markers)
-                break
+            progress.on_consumed(mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size)
             key = (mid.ledger_id, mid.entry_id, mid.batch_index)
             if self.last is not None and key <= self.last:
                 continue           # a redelivery after a reconnect: already returned
             self.last = key
+            chunks = getattr(msg, "_chunk_ids", None)
+            if not progress.belongs(_entry(chunks[0]) if chunks else _entry(mid)):
+                continue           # past the range (read on for a chunked message of the range)
             cols.add(msg)
             self.rows += 1
-            if _entry(mid) >= end and (mid.batch_index < 0 or mid.batch_size <= 0
-                                       or mid.batch_index >= mid.batch_size - 1):
-                self.done = True
         return cols
 
-    async def _reached_end(self) -> bool:
-        """After a quiet poll: has the reader's subscription mark-delete position
-        (our acks + the broker's acks of markers) reached ``end``?"""
-        try:
-            stats = await self.admin.get_stats(self.part.topic)
-        except PulsarException as exc:
-            log.debug("stats of %s failed: %s", self.part.topic, exc)
-            return False
-        sub = stats.get("subscriptions", {}).get(self.reader.subscription_name())
-        if not sub:
-            return False
-        ledger, _, entry = str(sub.get("markDeletePosition", "-1:-1")).partition(":")
-        return (int(ledger), int(entry)) >= tuple(self.part.end)
+    async def _idle(self, idle_ms: float) -> None:
+        """Nothing arrived for a poll: at the tail, the entries up to ``end`` that
+        never came are markers; after ``readTimeoutMs`` give up (an incomplete
+        chunked message of the range is dropped, missing entries fail)."""
+        part, progress = self.part, self.progress
+        if not progress.pushed_to_end():
+            try:
+                last = await self.client.get_last_message_id(part.topic)
+            except PulsarException as exc:
+                log.debug("last message id of %s failed: %s", part.topic, exc)
+                last = None
+            if last is not None and _entry(last) <= progress.highest:
+                progress.finish_at_tail()          # the rest up to end: markers (or deleted: checked)
+                await self._settle_suspects()
+                return
+        if idle_ms < part.read_timeout_ms:
+            return
+        if progress.pushed_to_end():
+            log.warning("%s: chunked message(s) starting at %s never completed within %gs (the producer stopped "
+                        "between chunks?); skipped, as Pulsar consumers drop incomplete chunked messages",
+                        part.topic, ", ".join(str(p) for p in sorted(progress.pending)), part.read_timeout_ms / 1000)
+            progress.on_chunks_dropped(list(progress.pending))
+            return
+        raise SourceError(
+            f"option 'readTimeoutMs': no message from {part.topic} for {part.read_timeout_ms / 1000:g}s while "
+            f"entries up to {part.end} remain (last entry received {progress.highest}); is the broker up?")
 
     async def close(self) -> None:
         """Close the reader, the admin client and the client (best effort)."""
+        if self.progress.dropped:
+            log.warning("%s: %d chunked message(s) of (%s, %s] were dropped incomplete by the consumer",
+                        self.part.topic, len(self.progress.dropped), self.part.start, self.part.end)
         for closer in (self.reader, self.admin, self.client):
             if closer is not None:
                 try:
@@ -270,9 +343,9 @@ def read_partition(part: PartitionRange, arrow_schema, rows_per_batch: int = ROW
 
     Opens its own client (on this process's read loop thread) and closes it
     when exhausted or closed early.  Raises ``SourceError`` (broker
-    unreachable -> option ``service_url``; partition gone with
-    ``failOnDataLoss`` -> that option; nothing arriving for ``readTimeoutMs``
-    -> that option).
+    unreachable -> option ``service_url``; partition gone or entries deleted
+    before being read, with ``failOnDataLoss`` -> that option; nothing
+    arriving for ``readTimeoutMs`` -> that option).
     """
     if part.end <= part.start:
         return
@@ -285,7 +358,7 @@ def read_partition(part: PartitionRange, arrow_schema, rows_per_batch: int = ROW
             cols = lt.run(state.next_columns(rows_per_batch))
             if len(cols):
                 yield cols.to_arrow(part, arrow_schema)
-        log.info("read %d messages of %s (%s, %s] in %.2fs", state.rows, part.topic, part.start, part.end,
-                 time.monotonic() - started)
+        log.info("read %d messages of %s (%s, %s] in %.2fs%s", state.rows, part.topic, part.start, part.end,
+                 time.monotonic() - started, f"; {state.lost} entries lost" if state.lost else "")
     finally:
         lt.run(state.close())
