@@ -151,6 +151,37 @@ class BrokerLookup:
         results = await asyncio.gather(*(one(tp) for tp in partitions))
         return {tp: state for tp, state in results if state is not None}
 
+    # -- durable subscriptions (option durableSubscription) ---------------------------------
+    def create_subscription(self, tp: TopicPartition, name: str, after: Position) -> bool:
+        """Create the durable subscription ``name`` on ``tp`` with everything after
+        entry ``after`` unacknowledged (``EARLIEST``: everything).  False when it
+        exists already (left by an earlier run): it is then moved to ``after``."""
+        from client.errors import AlreadyExists
+        topic = partition_topic_name(tp)
+        try:
+            if after == EARLIEST:
+                self._run(self._admin.create_subscription(topic, name, "earliest"))
+            else:
+                self._run(self._admin.create_subscription(topic, name, str(after), is_excluded=True))
+            return True
+        except AlreadyExists:
+            self.move_subscription(tp, name, after)
+            return False
+
+    def move_subscription(self, tp: TopicPartition, name: str, after: Position) -> None:
+        """Move subscription ``name`` of ``tp`` so that entries up to ``after`` are
+        acknowledged (Pulsar's resetCursor with isExcluded)."""
+        if after == EARLIEST:
+            return
+        self._run(self._admin.reset_cursor(partition_topic_name(tp), name, message_id=str(after), is_excluded=True))
+
+    def remove_subscription(self, tp: TopicPartition, name: str) -> None:
+        """Delete subscription ``name`` of ``tp``; a missing one is fine."""
+        try:
+            self._run(self._admin.unsubscribe(partition_topic_name(tp), name))
+        except (TopicNotFound, NotFound):
+            pass
+
     def local_cluster(self) -> str:
         """The broker's cluster name (admin ``brokers.health``)."""
         return str(self._run(self._admin.health()).get("cluster", ""))

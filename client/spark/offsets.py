@@ -22,6 +22,17 @@ is the partition index, ``"-1"`` for a non-partitioned topic.  In the options a
 position may also be ``"earliest"`` or ``"latest"``, and short topic names
 (``my-topic``, ``tenant/ns/topic``) are accepted.
 
+The source may write a partition's value as an object with the position and
+what a restarted query needs to judge lost data (ledger history is otherwise
+only in the driver's memory): ``{"position": "<ledger>:<entry>", "nextLedger":
+<id>}`` when the entry is the last one of a closed ledger (the ledger that
+followed it: "read to the end of a ledger that retention deleted since" is
+then not mistaken for lost entries, see ``possible_data_loss``), and
+``"from": "<ledger>:-1"`` on the end of a micro-batch that started at
+``earliest`` (the first ledger it planned to read: a re-run of the batch
+after a restart fails with ``failOnDataLoss`` if that ledger is gone).  Both
+forms are accepted everywhere.
+
 ``maxOffsetsPerTrigger`` counts entries (the offsets' unit): a helper here
 splits that budget across partitions in proportion to their backlog, knowing
 each partition's ledgers (``(ledger_id, entries)`` pairs from the broker's
@@ -37,8 +48,9 @@ from client.errors import InvalidTopicName
 from client.topic_name import TopicName
 
 __all__ = ["OffsetError", "Position", "EARLIEST", "TopicPartition", "LedgerInfo", "parse_position",
-           "parse_offsets_option", "resolve_offsets", "to_spark", "from_spark", "count_entries", "advance",
-           "rate_limit", "possible_data_loss", "update_seen", "partition_topic_name", "parse_bool", "parse_positive_int"]
+           "parse_offsets_option", "resolve_offsets", "to_spark", "from_spark", "next_ledgers_from_spark",
+           "starts_from_spark", "initial_from_spark", "count_entries", "advance", "rate_limit",
+           "possible_data_loss", "update_seen", "partition_topic_name", "parse_bool", "parse_positive_int"]
 
 
 class OffsetError(ValueError):
@@ -160,6 +172,8 @@ def parse_offsets_option(value: str | None, option: str, default: str,
                 raise OffsetError(f"option '{option}': partition {key!r} of {full} must be an index "
                                   f"('0', '1', ...; '-1' for a non-partitioned topic)")
             where = f"{full} partition {index}"
+            if isinstance(pos, Mapping) and "position" in pos:
+                pos = pos["position"]          # a value copied from a checkpoint (see the module doc)
             if isinstance(pos, str) and pos.strip().lower() in keywords:
                 out[TopicPartition(full, index)] = pos.strip().lower()
             elif isinstance(pos, str) and pos.strip().lower() in ("earliest", "latest"):
@@ -204,18 +218,31 @@ def resolve_offsets(spec: OffsetSpec, partitions: Iterable[TopicPartition],
     return {tp: concrete(tp, spec.get(tp, unlisted)) for tp in partitions}
 
 
-def to_spark(offsets: Mapping[TopicPartition, Position]) -> dict[str, dict[str, str]]:
+def to_spark(offsets: Mapping[TopicPartition, Position], next_ledgers: Mapping[TopicPartition, int] | None = None,
+             starts: Mapping[TopicPartition, Position] | None = None) -> dict[str, dict]:
     """``{TopicPartition: Position}`` -> the JSON-able dict Spark checkpoints
-    (``{"topic": {"partition": "ledger:entry"}}``), keys sorted."""
-    out: dict[str, dict[str, str]] = {}
+    (``{"topic": {"partition": "ledger:entry"}}``), keys sorted.  A partition
+    in ``next_ledgers`` (its position is the last entry of a closed ledger;
+    the value is the id of the ledger after it) or in ``starts`` (the batch
+    ending here started at earliest, resolved to that position) is written as
+    ``{"position": "ledger:entry", "nextLedger": id, "from": "ledger:-1"}``
+    (see the module doc)."""
+    out: dict[str, dict] = {}
     for tp in sorted(offsets):
-        out.setdefault(tp.topic, {})[str(tp.partition)] = str(offsets[tp])
+        value: object = str(offsets[tp])
+        extra = {}
+        if next_ledgers and next_ledgers.get(tp) is not None:
+            extra["nextLedger"] = int(next_ledgers[tp])
+        if starts and starts.get(tp) is not None:
+            extra["from"] = str(starts[tp])
+        if extra:
+            value = {"position": value, **extra}
+        out.setdefault(tp.topic, {})[str(tp.partition)] = value
     return out
 
 
-def from_spark(data: Mapping, option: str = "checkpointed offsets") -> dict[TopicPartition, Position]:
-    """Inverse of ``to_spark`` (also accepts a JSON string).  Raises
-    ``OffsetError`` naming ``option`` on a malformed value."""
+def _spark_items(data, option: str):
+    """``(TopicPartition, raw value)`` of a checkpointed offset (dict or JSON string)."""
     if isinstance(data, str):
         try:
             data = json.loads(data)
@@ -223,7 +250,6 @@ def from_spark(data: Mapping, option: str = "checkpointed offsets") -> dict[Topi
             raise OffsetError(f"{option}: invalid JSON ({exc.msg})") from None
     if not isinstance(data, Mapping):
         raise OffsetError(f"{option}: expected an object, got {type(data).__name__}")
-    out: dict[TopicPartition, Position] = {}
     for topic, partitions in data.items():
         if not isinstance(partitions, Mapping):
             raise OffsetError(f"{option}: topic {topic!r} must map partitions to positions")
@@ -232,7 +258,57 @@ def from_spark(data: Mapping, option: str = "checkpointed offsets") -> dict[Topi
                 index = int(key)
             except (TypeError, ValueError):
                 raise OffsetError(f"{option}: invalid partition {key!r} of {topic}") from None
-            out[TopicPartition(topic, index)] = parse_position(pos, option, f"{topic} partition {index}")
+            yield TopicPartition(topic, index), pos
+
+
+def from_spark(data: Mapping, option: str = "checkpointed offsets") -> dict[TopicPartition, Position]:
+    """Inverse of ``to_spark`` (also accepts a JSON string; ``nextLedger``
+    annotations are dropped: see ``next_ledgers_from_spark``).  Raises
+    ``OffsetError`` naming ``option`` on a malformed value."""
+    out: dict[TopicPartition, Position] = {}
+    for tp, pos in _spark_items(data, option):
+        if isinstance(pos, Mapping):
+            pos = pos.get("position")
+        out[tp] = parse_position(pos, option, f"{tp.topic} partition {tp.partition}")
+    return out
+
+
+def next_ledgers_from_spark(data: Mapping, option: str = "checkpointed offsets") -> dict[TopicPartition, int]:
+    """The ``nextLedger`` annotations of a checkpointed offset: ``{TopicPartition:
+    ledger id}`` for the partitions whose position is the last entry of a closed
+    ledger.  Raises ``OffsetError`` like ``from_spark``."""
+    out: dict[TopicPartition, int] = {}
+    for tp, pos in _spark_items(data, option):
+        if isinstance(pos, Mapping) and pos.get("nextLedger") is not None:
+            try:
+                out[tp] = int(pos["nextLedger"])
+            except (TypeError, ValueError):
+                raise OffsetError(f"{option}: invalid nextLedger {pos['nextLedger']!r} of {tp.topic} partition "
+                                  f"{tp.partition}") from None
+    return out
+
+
+def starts_from_spark(data: Mapping, option: str = "checkpointed offsets") -> dict[TopicPartition, Position]:
+    """The ``from`` annotations of a checkpointed end offset: ``{TopicPartition:
+    Position}`` for the partitions whose micro-batch started at earliest.
+    Raises ``OffsetError`` like ``from_spark``."""
+    out: dict[TopicPartition, Position] = {}
+    for tp, pos in _spark_items(data, option):
+        if isinstance(pos, Mapping) and pos.get("from") is not None:
+            out[tp] = parse_position(pos["from"], option, f"{tp.topic} partition {tp.partition} (from)")
+    return out
+
+
+def initial_from_spark(data: Mapping, option: str = "initial offsets") -> dict[TopicPartition, "Position | str"]:
+    """Like ``from_spark``, but a partition may also be ``"latest"``: the
+    streaming source's initial offset before "latest" is resolved (by the
+    first micro-batch, whose end the checkpoint keeps; see ``source``)."""
+    out: dict[TopicPartition, Position | str] = {}
+    for tp, pos in _spark_items(data, option):
+        if isinstance(pos, str) and pos.strip().lower() == "latest":
+            out[tp] = "latest"
+        else:
+            out[tp] = from_spark({tp.topic: {str(tp.partition): pos}}, option)[tp]
     return out
 
 

@@ -27,6 +27,12 @@ option                      meaning
                             default 120000)
 ``operationTimeoutMs``      broker lookups and connection (ms, default 30000)
 ``receiverQueueSize``       Reader prefetch (messages, default 1000)
+``durableSubscription``     streaming: ``true`` keeps a durable subscription on every
+                            partition at the last committed offset (pulsar-spark's
+                            cursor), so retention keeps what the query has not read;
+                            removed when the query stops (default ``false``)
+``subscriptionPrefix``      name of that subscription (default ``spark-<random>``, new
+                            for every start of the query; give one to reuse it)
 ==========================  ==========================================================
 """
 from __future__ import annotations
@@ -51,7 +57,8 @@ _ALIASES = {"serviceurl": "service_url", "service.url": "service_url", "service_
             "startingoffsets": "startingOffsets", "endingoffsets": "endingOffsets",
             "failondataloss": "failOnDataLoss", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
             "polltimeoutms": "pollTimeoutMs", "readtimeoutms": "readTimeoutMs",
-            "operationtimeoutms": "operationTimeoutMs", "receiverqueuesize": "receiverQueueSize"}
+            "operationtimeoutms": "operationTimeoutMs", "receiverqueuesize": "receiverQueueSize",
+            "durablesubscription": "durableSubscription", "subscriptionprefix": "subscriptionPrefix"}
 KNOWN_OPTIONS = tuple(sorted(set(_ALIASES.values())))
 # options Spark itself may pass along with the user's
 _IGNORED = {"path"}
@@ -73,6 +80,8 @@ class SourceOptions:
     read_timeout_ms: int = 120_000
     operation_timeout_ms: int = 30_000
     receiver_queue_size: int = 1000
+    durable_subscription: bool = False
+    subscription_prefix: str | None = None
     raw: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -150,8 +159,18 @@ class SourceOptions:
         if streaming and opts.get("endingOffsets") is not None:
             raise SourceError("option 'endingOffsets' is for batch queries (spark.read) only; a streaming "
                               "query runs until stopped (use trigger(availableNow=True) to stop at the end)")
-        if not streaming and opts.get("maxOffsetsPerTrigger") is not None:
-            raise SourceError("option 'maxOffsetsPerTrigger' is for streaming queries only")
+        for name in ("maxOffsetsPerTrigger", "durableSubscription", "subscriptionPrefix"):
+            if not streaming and opts.get(name) is not None:
+                raise SourceError(f"option '{name}' is for streaming queries only")
+        prefix = opts.get("subscriptionPrefix")
+        if prefix is not None:
+            prefix = prefix.strip()
+            if not prefix or "/" in prefix or prefix.startswith("pulsar.") or any(ord(c) < 32 for c in prefix):
+                raise SourceError(f"option 'subscriptionPrefix': {opts.get('subscriptionPrefix')!r} is not a "
+                                  f"valid subscription name (non-empty, no '/', not starting with 'pulsar.')")
+        if prefix is not None and not parse_bool(opts.get("durableSubscription"), "durableSubscription", False):
+            raise SourceError("option 'subscriptionPrefix' names the durable subscription: it needs "
+                              "option 'durableSubscription' set to true")
         starting = parse_offsets_option(opts.get("startingOffsets"), "startingOffsets",
                                         "latest" if streaming else "earliest")
         ending = parse_offsets_option(opts.get("endingOffsets"), "endingOffsets", "latest", keywords=("latest",))
@@ -165,7 +184,8 @@ class SourceOptions:
             read_timeout_ms=parse_positive_int(opts.get("readTimeoutMs"), "readTimeoutMs", 120_000),
             operation_timeout_ms=parse_positive_int(opts.get("operationTimeoutMs"), "operationTimeoutMs", 30_000),
             receiver_queue_size=parse_positive_int(opts.get("receiverQueueSize"), "receiverQueueSize", 1000),
-            raw=dict(opts))
+            durable_subscription=parse_bool(opts.get("durableSubscription"), "durableSubscription", False),
+            subscription_prefix=prefix, raw=dict(opts))
 
 
 def _split_pattern(pattern: str) -> tuple[str, "re.Pattern"]:

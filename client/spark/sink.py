@@ -24,7 +24,9 @@ own checkpoint (``<checkpoint>/flights``, ``<checkpoint>/carrier_hourly``):
   are dropped, so publish in departure order (the geo demo does).
 
 Both queries are exactly-once (checkpointed source offsets + Spark's Parquet
-sink log).  The same topic copy in two clusters gives identical aggregates.
+sink log).  ``--durable-subscription`` keeps unread data from retention while
+the job is down (the source's ``durableSubscription``, one subscription per
+query named after its checkpoint, taken over at restart).  The same topic copy in two clusters gives identical aggregates.
 Each micro-batch prints one progress line (rows, rate, end offsets).  Runs on
 ``--master local[*]`` (default) or a Spark cluster (``spark://host:7077``;
 workers need minipulsar installed).
@@ -41,7 +43,8 @@ from typing import Sequence
 
 from client.spark.flights import FLIGHT_SCHEMA_DDL, FLIGHTS_TOPIC
 
-__all__ = ["parse_flights", "hourly_aggregates", "parse_trigger", "build_parser", "run", "main"]
+__all__ = ["parse_flights", "hourly_aggregates", "parse_trigger", "durable_subscription_name", "build_parser", "run",
+           "main"]
 
 
 def parse_trigger(text: str) -> dict:
@@ -122,12 +125,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watermark", default="1 day", help="event-time watermark delay (default '1 day')")
     p.add_argument("--starting-offsets", default="earliest", help="startingOffsets of a new query (default earliest)")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="entries per micro-batch (default: all)")
+    p.add_argument("--durable-subscription", action="store_true",
+                   help="hold unread data with a durable subscription per query and partition (source option "
+                        "durableSubscription), named after the checkpoint so a restart takes it over")
     p.add_argument("--cluster", default=None, help="local cluster name for origin_cluster (default: ask the broker)")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     p.add_argument("--shuffle-partitions", type=int, default=4, help="spark.sql.shuffle.partitions (default 4)")
     p.add_argument("--timeout", type=float, default=None, help="stop after this many seconds (default: never)")
     p.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
     return p
+
+
+def durable_subscription_name(checkpoint: str, query: str) -> str:
+    """The durable subscription of one of the job's queries
+    (``--durable-subscription``): ``spark-sink-<query>-<hash of the checkpoint
+    directory>``, the same at every restart of that checkpoint."""
+    import hashlib
+    import os
+    digest = hashlib.sha1(os.path.abspath(os.path.join(checkpoint, query)).encode()).hexdigest()[:8]
+    return f"spark-sink-{query}-{digest}"
 
 
 def _local_cluster(service_url: str) -> str:
@@ -187,21 +203,28 @@ def _run(args, spark, out, trigger, stop) -> int:
         from client.spark import register
         register(spark)
     cluster = args.cluster or _local_cluster(args.service_url)
-    reader = (spark.readStream.format("minipulsar").option("service_url", args.service_url)
-              .option("topics", args.topic).option("startingOffsets", args.starting_offsets))
-    if args.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-    flights = parse_flights(reader.load(), cluster)
+
+    def flights_of(query: str):
+        reader = (spark.readStream.format("minipulsar").option("service_url", args.service_url)
+                  .option("topics", args.topic).option("startingOffsets", args.starting_offsets))
+        if args.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+        if getattr(args, "durable_subscription", False):
+            reader = (reader.option("durableSubscription", "true")
+                      .option("subscriptionPrefix", durable_subscription_name(args.checkpoint, query)))
+        return parse_flights(reader.load(), cluster)
+
     queries = []
     try:
         if stop.is_set():
             return 0
-        queries.append(flights.writeStream.queryName("flights").format("parquet")
+        queries.append(flights_of("flights").writeStream.queryName("flights").format("parquet")
                        .partitionBy("date", "origin_cluster")
                        .option("path", os.path.join(args.output, "flights"))
                        .option("checkpointLocation", os.path.join(args.checkpoint, "flights"))
                        .trigger(**trigger).start())
-        queries.append(hourly_aggregates(flights, args.watermark).writeStream.queryName("carrier_hourly")
+        queries.append(hourly_aggregates(flights_of("carrier_hourly"), args.watermark).writeStream
+                       .queryName("carrier_hourly")
                        .format("parquet").outputMode("append")
                        .option("path", os.path.join(args.output, "carrier_hourly"))
                        .option("checkpointLocation", os.path.join(args.checkpoint, "carrier_hourly"))
