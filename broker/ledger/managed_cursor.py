@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from bookie.client import LedgerHandle
 from bookie.errors import BKException, NoSuchEntryError, NoSuchLedgerError
+from broker.metadata.names import encode_path_segment
 from proto import metadata_pb2
 
 from .batch_index import BatchDeletedIndexes
@@ -84,6 +85,7 @@ class ManagedCursor:
         self.persistent_mark_delete_position: Position = Position(-1, -1)
         self.read_position: Position = Position(-1, -1)
         self._read_generation = 0      # bumped by rewind/seek/reset: a read in flight then is stale
+        self._path_segment: Optional[str] = None   # metadata child name when recovered (see path_segment)
         self.active = False            # has read: its read position holds back entry-cache eviction
         self.individual_deleted = AckRangeSet()
         self.batch_deleted = BatchDeletedIndexes()
@@ -115,18 +117,29 @@ class ManagedCursor:
     # ---- construction ---------------------------------------------------
     @property
     def path(self) -> str:
+        """``/managed-ledgers/<ml>/<cursor>``: the cursor name URL-encoded into one
+        path segment (Pulsar's Codec.encode), so names with '/' stay one node."""
         from .managed_ledger import ml_path
 
-        return f"{ml_path(self.ml.name)}/{self.name}"
+        return f"{ml_path(self.ml.name)}/{self.path_segment}"
+
+    @property
+    def path_segment(self) -> str:
+        """The metadata path segment of this cursor: the one it was recovered
+        from, else the encoded name (broker.metadata.names)."""
+        return self._path_segment or encode_path_segment(self.name)
 
     @classmethod
     def non_durable(cls, ml: "ManagedLedger", start: Position, name: str, inclusive: bool = True) -> "ManagedCursor":
-        """An in-memory cursor reading from ``start`` (inclusive or not)."""
+        """An in-memory cursor reading from ``start`` (inclusive or not). A start
+        beyond the last entry (latest, or an id the topic never had) reads from
+        the next entry added, as Pulsar's NonDurableCursorImpl (next valid
+        position, else latest): never skips the entries added after it."""
         cursor = cls(ml, name, durable=False)
         if start.ledger_id < 0:
             first = ml.first_position()
             cursor.mark_delete_position = Position(first.ledger_id, first.entry_id - 1)
-        elif start >= Position(2**63 - 1, 0):
+        elif start > ml.last_confirmed:
             cursor.mark_delete_position = ml.last_confirmed
         else:
             cursor.mark_delete_position = start if not inclusive else Position(start.ledger_id, start.entry_id - 1)
@@ -159,10 +172,12 @@ class ManagedCursor:
         return cursor
 
     @classmethod
-    async def recover(cls, ml: "ManagedLedger", name: str) -> "ManagedCursor":
+    async def recover(cls, ml: "ManagedLedger", name: str, path_segment: Optional[str] = None) -> "ManagedCursor":
         """Rebuild a durable cursor from ManagedCursorInfo and its cursor ledger
-        (Pulsar's ManagedCursorImpl.recover / recoverFromLedger)."""
+        (Pulsar's ManagedCursorImpl.recover / recoverFromLedger). ``path_segment``:
+        the metadata child it is stored under (default: the encoded name)."""
         cursor = cls(ml, name, durable=True)
+        cursor._path_segment = path_segment
         res = await ml.metadata.get(cursor.path)
         if res is None:
             raise ManagedCursorError(f"cursor {name} of {ml.name} has no metadata")

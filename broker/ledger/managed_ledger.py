@@ -750,10 +750,13 @@ class ManagedLedgerFactory:
     async def _do_open(self, name: str) -> ManagedLedger:
         ml = ManagedLedger(self, name)
         await ml._open()
+        from broker.metadata.names import decode_path_segment
+
         from .managed_cursor import ManagedCursor
 
-        for cursor_name in await self.metadata.get_children(ml_path(name)):
-            ml.cursors[cursor_name] = await ManagedCursor.recover(ml, cursor_name)
+        for segment in await self.metadata.get_children(ml_path(name)):   # URL-encoded cursor names
+            cursor = await ManagedCursor.recover(ml, decode_path_segment(segment), path_segment=segment)
+            ml.cursors[cursor.name] = cursor
         self._ledgers[name] = ml
         return ml
 

@@ -33,12 +33,19 @@ def check_name(kind: str, name: str) -> str:
 
 
 def check_subscription_name(name: str) -> str:
-    """Validate a subscription name (a cursor's metadata path segment under its
-    topic): not empty, not '.' or '..', no '/' or control characters; InvalidArgument otherwise."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
-            or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise InvalidArgument(f"invalid subscription name {name!r}: give a non-empty name without '/' "
-                              f"or control characters, and not '.' or '..'")
+    """Validate a subscription name: a non-empty str without control characters,
+    valid UTF-8, and without '.' or '..' as the whole name or as a '/'-separated
+    part (path tricks); InvalidArgument otherwise. '/' is allowed: the cursor's
+    metadata path segment is the URL-encoded name (broker.metadata.names), as in Pulsar."""
+    ok = isinstance(name, str) and bool(name) and not any(ord(c) < 32 or ord(c) == 127 for c in name)
+    if ok:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            ok = False
+    if not ok or any(part in (".", "..") for part in name.split("/")):
+        raise InvalidArgument(f"invalid subscription name {name!r}: give a non-empty name without control "
+                              f"characters and without '.' or '..' parts")
     return name
 
 
