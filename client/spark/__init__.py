@@ -4,9 +4,14 @@ analytics sink job (``minipulsar-spark-sink``).
 Needs the ``spark`` extra (``pip install 'minipulsar[spark]'``: pyspark[sql],
 pandas) and Java 17.  Modules:
 
-* ``source``: the data source (batch and streaming readers);
-* ``options`` / ``offsets``: option parsing and offset logic (pure);
-* ``lookup`` / ``partition_reader``: broker I/O on the driver / in workers;
+* ``source``: the data source and its batch reader; ``stream``: the streaming reader;
+* ``options`` / ``offsets`` / ``ledgers``: option parsing, offsets and what
+  the driver knows of a partition's ledgers (pure);
+* ``progress``: where a range read stands: its end, chunked messages, lost
+  entries (pure);
+* ``lookup`` / ``partition_reader`` (with ``tracked_reader``): broker I/O on
+  the driver / in workers;
+* ``retention``: the optional durable subscription (``durableSubscription``);
 * ``session``: a SparkSession with the settings these machines need;
 * ``flights``: the geo demo's flight messages (pure, no Spark);
 * ``sink``: the analytics job.

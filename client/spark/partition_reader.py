@@ -245,10 +245,6 @@ class _RangeRead:
             return
         self._lost({lid: n for lid, n in suspects.items() if lid not in present}, "before being read")
 
-    def _complete(self) -> bool:
-        from client.spark.tracked_reader import queued_messages
-        return self.progress.complete(queued_messages(self.reader))
-
     async def next_columns(self, max_rows: int) -> _Columns:
         """Read up to ``max_rows`` messages of the range; sets ``done`` at its end.
         Raises ``SourceError`` (lost data with ``failOnDataLoss``, nothing
@@ -258,7 +254,7 @@ class _RangeRead:
         idle_since = None
         while not self.done and len(cols) < max_rows:
             await self._settle_suspects()
-            if self._complete():
+            if progress.complete():
                 self.done = True
                 break
             try:
@@ -270,14 +266,15 @@ class _RangeRead:
                 continue
             idle_since = None
             mid = msg.message_id()
-            progress.on_consumed(mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size)
+            chunks = getattr(msg, "_chunk_ids", None)
+            first = _entry(chunks[0]) if chunks else _entry(mid)
+            progress.on_consumed(mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size, first)
             key = (mid.ledger_id, mid.entry_id, mid.batch_index)
             if self.last is not None and key <= self.last:
                 continue           # a redelivery after a reconnect: already returned
             self.last = key
-            chunks = getattr(msg, "_chunk_ids", None)
-            if not progress.belongs(_entry(chunks[0]) if chunks else _entry(mid)):
-                continue           # past the range (read on for a chunked message of the range)
+            if not progress.belongs(first):
+                continue           # the next range's (read on for a chunked message of this one)
             cols.add(msg)
             self.rows += 1
         return cols

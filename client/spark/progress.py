@@ -7,8 +7,9 @@ entry the broker pushes, delivered or not (``tracked_reader``).  From that,
 * **Is it complete?**  When every entry up to ``end`` was pushed (or, at the
   tail, the broker has nothing more to push: what is left are markers, which
   consumers never receive), no chunked message that began in the range is
-  still waiting for chunks, and the messages received were handed out.  The
-  reader's own position decides, never topic stats.
+  still waiting for chunks, and the range's messages received were handed
+  out (messages past ``end`` may wait in the queue: they are the next
+  range's).  The reader's own position decides, never topic stats.
 * **Which chunked messages does it own?**  A chunked message belongs to the
   range holding its *first* chunk: the read goes on past ``end`` until such a
   message is complete, and the range that starts after that first chunk
@@ -46,6 +47,7 @@ class RangeProgress:
     entries)``; empty = no loss check).  Attributes read by the caller:
     ``highest`` (highest entry pushed since the last reset), ``pending``
     (first-chunk positions of this range's chunked messages not complete),
+    ``queued`` (the range's messages received but not handed out),
     ``suspects`` (``{ledger_id: entries missing there}``, to verify and then
     clear), ``dropped`` (first chunks of this range's chunked messages the
     consumer gave up on: incomplete)."""
@@ -58,6 +60,7 @@ class RangeProgress:
         self.observed = self.start     # highest entry ever pushed (gaps are counted once)
         self.consumed = self.start     # last entry whose messages were all handed out
         self.pending: set[Position] = set()
+        self.queued = 0
         self.suspects: dict[int, int] = {}
         self.dropped: list[Position] = []
 
@@ -73,6 +76,12 @@ class RangeProgress:
             self.observed = position
         if first_chunk and self.start < position <= self.end:
             self.pending.add(position)
+
+    def on_message(self, first_entry: Position) -> None:
+        """A message was received (queued); ``first_entry``: its entry, or its
+        first chunk's for a chunked message."""
+        if self.belongs(first_entry):
+            self.queued += 1
 
     def on_chunked_complete(self, first_chunk: Position) -> None:
         """A chunked message whose first chunk is at ``first_chunk`` is complete."""
@@ -94,11 +103,16 @@ class RangeProgress:
         one handed out come again.  Pending chunked messages stay pending (their
         chunks come again too)."""
         self.highest = self.consumed
+        self.queued = 0
 
     # -- what the reading loop reports ------------------------------------------------------
-    def on_consumed(self, ledger_id: int, entry_id: int, batch_index: int = -1, batch_size: int = 0) -> None:
-        """A message was handed out (read from the queue): the entry counts as
-        consumed once its last message of a batch was."""
+    def on_consumed(self, ledger_id: int, entry_id: int, batch_index: int = -1, batch_size: int = 0,
+                    first_entry: Position | None = None) -> None:
+        """A message was handed out (read from the queue); ``first_entry``: its
+        entry, or its first chunk's (default: its own entry).  The entry counts
+        as consumed once its last message of a batch was."""
+        if self.belongs(first_entry if first_entry is not None else Position(ledger_id, entry_id)):
+            self.queued = max(0, self.queued - 1)
         whole = batch_index < 0 or batch_size <= 0 or batch_index >= batch_size - 1
         position = Position(ledger_id, entry_id if whole else entry_id - 1)
         if position > self.consumed:
@@ -113,11 +127,11 @@ class RangeProgress:
         """Every entry up to ``end`` was pushed (or found to be a marker)."""
         return self.highest >= self.end
 
-    def complete(self, queued: int) -> bool:
+    def complete(self) -> bool:
         """The range is read once everything up to ``end`` was pushed, no
-        chunked message of the range waits for chunks and the ``queued``
-        messages received but not handed out are 0."""
-        return self.highest >= self.end and not self.pending and queued == 0
+        chunked message of the range waits for chunks and none of its messages
+        waits in the queue."""
+        return self.highest >= self.end and not self.pending and self.queued == 0
 
     def finish_at_tail(self) -> None:
         """The broker has nothing more to push up to ``end``: the entries after

@@ -28,7 +28,7 @@ from client.reader import Reader
 from client.spark.offsets import Position
 from client.spark.progress import RangeProgress
 
-__all__ = ["TrackingSplitter", "open_tracked_reader", "queued_messages", "MAX_PENDING_CHUNKED"]
+__all__ = ["TrackingSplitter", "open_tracked_reader", "MAX_PENDING_CHUNKED"]
 
 #: incomplete chunked messages a range reader holds at once (interleaved producers)
 MAX_PENDING_CHUNKED = 100
@@ -63,6 +63,7 @@ class TrackingSplitter(EntrySplitter):
             chunk_ids = getattr(msg, "_chunk_ids", None)
             if chunk_ids:
                 progress.on_chunked_complete(_pos(chunk_ids[0]))
+            progress.on_message(_pos(chunk_ids[0]) if chunk_ids else _pos(msg.message_id()))
         if result.ack or result.redeliver:
             progress.on_chunks_dropped([_pos(m) for m in (*result.ack, *result.redeliver)])
         return result
@@ -105,8 +106,3 @@ async def open_tracked_reader(client, topic: str, partition: int, start: Positio
     reader = Reader(client, topic, impl)
     client._register(reader)
     return reader
-
-
-def queued_messages(reader: Reader) -> int:
-    """Messages the Reader received but did not hand out yet."""
-    return len(reader._impl.queue)

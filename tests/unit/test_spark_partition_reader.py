@@ -44,36 +44,29 @@ class Push:
         self.first_chunk = first_chunk
 
 
-class FakeQueue(list):
-    pass
-
-
-class FakeImpl:
-    def __init__(self):
-        self.queue = FakeQueue()
-
-
 class FakeReader:
     """Pushes one entry at a time into the progress when its queue is empty."""
 
     def __init__(self, pushes, progress):
         self.pushes = list(pushes)
         self.progress = progress
-        self._impl = FakeImpl()
+        self.queue = []
 
     def _push(self):
         push = self.pushes.pop(0)
         self.progress.on_entry(push.position, push.first_chunk)
         for m in push.messages:
+            first = m._chunk_ids[0] if m._chunk_ids else m.message_id()
             if m._chunk_ids:
-                self.progress.on_chunked_complete(Position(m._chunk_ids[0].ledger_id, m._chunk_ids[0].entry_id))
-        self._impl.queue.extend(push.messages)
+                self.progress.on_chunked_complete(Position(first.ledger_id, first.entry_id))
+            self.progress.on_message(Position(first.ledger_id, first.entry_id))
+        self.queue.extend(push.messages)
 
     async def read_next(self, timeout_millis=None):
-        while not self._impl.queue and self.pushes:
+        while not self.queue and self.pushes:
             self._push()
-        if self._impl.queue:
-            return self._impl.queue.pop(0)
+        if self.queue:
+            return self.queue.pop(0)
         await asyncio.sleep(timeout_millis / 1000)
         raise Timeout("no message")
 
@@ -191,14 +184,34 @@ def test_range_progress_reconnection_keeps_pending_chunks_and_rewinds_to_what_wa
     p.on_entry(Position(1, 4), first_chunk=True)
     p.on_entry(Position(1, 5))
     p.on_entry(Position(1, 6))
+    p.on_message(Position(1, 3))
     p.on_consumed(1, 3)
-    assert p.highest == Position(1, 6) and p.pending == {Position(1, 4)}
+    p.on_message(Position(1, 5))          # queued, dropped by the reconnection
+    assert p.highest == Position(1, 6) and p.pending == {Position(1, 4)} and p.queued == 1
     p.on_reset()
-    assert p.highest == Position(1, 3) and p.pending == {Position(1, 4)}
-    assert not p.complete(queued=0)
+    assert p.highest == Position(1, 3) and p.pending == {Position(1, 4)} and p.queued == 0
+    assert not p.complete()
+    p.on_entry(Position(1, 5))
+    p.on_message(Position(1, 5))          # sent again
     p.on_entry(Position(1, 6))
     p.on_chunked_complete(Position(1, 4))
-    assert p.complete(queued=0) and not p.complete(queued=1)
+    p.on_message(Position(1, 4))
+    assert not p.complete()                # two of the range's messages wait in the queue
+    p.on_consumed(1, 5)
+    p.on_consumed(1, 6, first_entry=Position(1, 4))
+    assert p.complete()
+
+
+def test_messages_past_the_end_waiting_in_the_queue_do_not_hold_the_range():
+    p = RangeProgress(Position(1, 0), Position(1, 2))
+    p.on_entry(Position(1, 2))
+    p.on_message(Position(1, 2))
+    for e in range(3, 1000):            # a busy topic: the queue never empties
+        p.on_entry(Position(1, e))
+        p.on_message(Position(1, e))
+    assert not p.complete()
+    p.on_consumed(1, 2)
+    assert p.complete()
 
 
 def test_range_progress_counts_missing_entries_only_where_a_ledger_may_be_gone():
