@@ -262,31 +262,79 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
     @staticmethod
     def _redeliver(subscription, consumer: Consumer, redeliver: pb.RedeliverUnacknowledged) -> None:
         """As Pulsar's ServerCnx.handleRedeliverUnacknowledged: positions only on
-        individual-ack subscriptions (Shared, Key_Shared); otherwise everything
-        unacknowledged of the consumer, after raising its epoch (PIP-84) so that
-        what it pushes from now on is told apart from frames already on the way."""
-        if redeliver.positions and subscription.sub_type in (pb.Shared, pb.Key_Shared):
-            subscription.redeliver_unacknowledged(
-                consumer, [Position(p.ledger_id, p.entry_id) for p in redeliver.positions])
+        individual-ack subscriptions (Shared, Key_Shared), and of those only the
+        ones pending for this consumer; otherwise everything unacknowledged of
+        the consumer, after raising its epoch (PIP-84) so that what it pushes
+        from now on is told apart from frames already on the way.
+
+        A list longer than ``subscription.CHUNK`` positions, or any redelivery
+        while earlier long commands of this consumer are still applied, runs in
+        the consumer's ordered background work (chunks, yielding to the event
+        loop, in the order sent); when that work is full the command is dropped
+        (logged: the positions stay pending and come back when the consumer goes)."""
+        from .service.subscription import CHUNK
+
+        def redeliver_all() -> None:
+            consumer.set_epoch(redeliver.consumer_epoch)
+            dispatcher = subscription.dispatcher
+            if dispatcher is not None and not dispatcher.accepts_redeliver_all(consumer):
+                return  # Failover: only the active consumer can ask for a resend (Pulsar)
+            subscription.redeliver_unacknowledged(consumer, [])
+
+        with_positions = bool(redeliver.positions) and subscription.sub_type in (pb.Shared, pb.Key_Shared)
+        if not consumer.ordered_busy() and (not with_positions or len(redeliver.positions) <= CHUNK):
+            if with_positions:
+                subscription.redeliver_unacknowledged(consumer, redeliver.positions)
+            else:
+                redeliver_all()
             return
-        consumer.set_epoch(redeliver.consumer_epoch)
-        dispatcher = subscription.dispatcher
-        if dispatcher is not None and not dispatcher.accepts_redeliver_all(consumer):
-            return  # Failover: only the active consumer can ask for a resend (Pulsar)
-        subscription.redeliver_unacknowledged(consumer, [])
+
+        async def job() -> None:
+            if with_positions:
+                await subscription.redeliver_unacknowledged_async(consumer, redeliver.positions)
+            else:
+                redeliver_all()
+
+        if not consumer.run_ordered(job):
+            log.warning("[%s][%s] consumer %s: too many commands waiting; RedeliverUnacknowledged of %d "
+                        "position(s) dropped", subscription.topic.name, subscription.name, consumer.name,
+                        len(redeliver.positions))
 
     def _ack(self, subscription, consumer, ack: pb.Ack, writer: ConsumerWriter) -> None:
+        """Apply an Ack and answer it (CommandSuccess once durable, CommandError
+        at once) when it carries a request id; an error is answered even without.
+        Short acks are applied here; long ones (see Subscription.needs_async_ack)
+        and any ack while earlier long commands of this consumer are still applied
+        run in the consumer's ordered background work; when that work is full the
+        ack is refused with ServiceNotReady (retriable)."""
+        def answer(done) -> None:
+            if ack.request_id:
+                fut = asyncio.ensure_future(done)
+                fut.add_done_callback(lambda f: writer.send(_status_response(
+                    ack.request_id, f.exception() if not f.cancelled() else InvalidArgument("cancelled"))))
+            else:
+                asyncio.ensure_future(done).add_done_callback(lambda f: f.cancelled() or f.exception())
+
         try:
-            done = subscription.acknowledge(consumer, ack)
+            inline = not consumer.ordered_busy() and not subscription.needs_async_ack(consumer, ack)
+            if inline:
+                answer(subscription.acknowledge(consumer, ack))
+                return
         except Exception as exc:
             writer.send(_status_response(ack.request_id, exc))
             return
-        if ack.request_id:
-            fut = asyncio.ensure_future(done)
-            fut.add_done_callback(lambda f: writer.send(_status_response(
-                ack.request_id, f.exception() if not f.cancelled() else InvalidArgument("cancelled"))))
-        else:
-            asyncio.ensure_future(done).add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        async def job() -> None:
+            try:
+                done = await subscription.acknowledge_async(consumer, ack)
+            except Exception as exc:
+                writer.send(_status_response(ack.request_id, exc))
+                return
+            answer(done)
+
+        if not consumer.run_ordered(job):
+            writer.send(_status_response(ack.request_id, ServiceNotReady(
+                f"too many acknowledgments of consumer {consumer.name} are still being applied; send it again")))
 
     # ---- lookup / admin ---------------------------------------------------
     async def GetPartitionedTopicMetadata(self, request, context):

@@ -1,16 +1,40 @@
 """Broker-side consumer (Pulsar's ``org.apache.pulsar.broker.service.Consumer``):
-flow permits, the positions sent but not yet acknowledged (pendingAcks), and
-the outgoing queue of its gRPC stream."""
+flow permits, the positions sent but not yet acknowledged (pendingAcks), the
+outgoing queue of its gRPC stream with Pulsar's channel writability, and the
+ordered background work of commands that carry long client-supplied lists.
+
+Bounds (DESIGN.md "servers keep serving"): permits are clamped to
+:data:`MAX_PERMITS`; a consumer whose outgoing queue holds more than
+:data:`OUTBOUND_HIGH_WATER_BYTES` (1 MiB) is not writable and gets nothing until the
+queue drains below :data:`OUTBOUND_LOW_WATER_BYTES` (Netty's
+``WriteBufferWaterMark`` behind Pulsar's ``Consumer.isWritable``).
+"""
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
-from typing import Callable, Optional
+import logging
+from typing import Awaitable, Callable, Optional
 
 from broker.ledger.position import Position
 from proto import broker_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 _ids = itertools.count(1)
+
+#: Most flow permits (messages) a consumer holds at the broker; a Flow beyond it is clamped.
+#: Far above any receiver queue a client uses (Pulsar's default is 1000); the
+#: memory a slow consumer costs is bounded by the outbound water marks, not by permits.
+MAX_PERMITS = 1 << 20
+#: Outgoing bytes queued for one consumer stream above which it is not writable (dispatch stops).
+OUTBOUND_HIGH_WATER_BYTES = 1024 * 1024
+#: ... and below which it is writable again (dispatch resumes).
+OUTBOUND_LOW_WATER_BYTES = 256 * 1024
+#: Most commands waiting in a consumer's ordered background work; more are refused
+#: (retriable) so a client cannot queue unbounded memory faster than the broker applies it.
+MAX_ORDERED_JOBS = 16
 
 
 class DispatchItem:
@@ -31,11 +55,15 @@ class DispatchItem:
 class Consumer:
     """A connected consumer of a subscription.
 
-    ``permits``: messages it can still take (Flow adds, dispatch subtracts the
-    entry's message count). ``pending_acks``: position -> message count of every
-    entry pushed and not acknowledged yet. ``send`` queues a ConsumerResponse on
-    the consumer's stream (never blocks). ``epoch``: PIP-84 consumer epoch, put
-    on every MessageBatch (see ``set_epoch``).
+    ``permits``: messages it can still take (Flow adds, clamped to
+    :data:`MAX_PERMITS`; dispatch subtracts the entry's message count).
+    ``pending_acks``: position -> message count of every entry pushed and not
+    acknowledged yet. ``send`` queues a ConsumerResponse on the consumer's
+    stream (never blocks); when ``send`` is a :class:`ConsumerWriter`'s
+    ``send``, the consumer follows that writer's writability (no permits while
+    it is over its high-water mark) and calls ``on_writable`` (set by the
+    subscription: wakes its dispatcher) once it drained. ``epoch``: PIP-84
+    consumer epoch, put on every MessageBatch (see ``set_epoch``).
     """
 
     def __init__(self, name: str, priority_level: int, send: Callable[[pb.ConsumerResponse], None],
@@ -59,6 +87,13 @@ class Consumer:
         # dispatched before its redeliver-all. Per stream: a new stream starts at 0.
         self.epoch = 0
         self.on_disconnect: Optional[Callable[[], None]] = None   # set by the transport: ends the stream
+        self.on_writable: Optional[Callable[[], None]] = None     # set by the subscription: wakes dispatch
+        owner = getattr(send, "__self__", None)
+        self.writer: Optional[ConsumerWriter] = owner if isinstance(owner, ConsumerWriter) else None
+        if self.writer is not None:
+            self.writer.on_writable = self._writable_again
+        self._ordered: collections.deque = collections.deque()
+        self._ordered_task: Optional[asyncio.Task] = None
 
     def disconnect(self) -> None:
         """Close this consumer and end its stream (topic unload/delete: the client
@@ -72,8 +107,67 @@ class Consumer:
         """Pulsar's blockedConsumerOnUnackedMsgs."""
         return self.max_unacked_messages > 0 and self.unacked_messages >= self.max_unacked_messages
 
+    @property
+    def writable(self) -> bool:
+        """Pulsar's ``Consumer.isWritable``: the outgoing queue is under its high-water mark."""
+        return self.writer is None or self.writer.writable
+
+    def outbound_room(self) -> int:
+        """Bytes that fit in the outgoing queue before the high-water mark (>= 0);
+        ``OUTBOUND_HIGH_WATER_BYTES`` without a writer. Dispatchers size reads by it."""
+        return OUTBOUND_HIGH_WATER_BYTES if self.writer is None else self.writer.room()
+
     def available_permits(self) -> int:
-        return 0 if (self.closed or self.blocked) else max(0, self.permits)
+        """Messages the dispatcher may push now: 0 while closed, blocked on
+        unacknowledged messages or not writable."""
+        return 0 if (self.closed or self.blocked or not self.writable) else max(0, self.permits)
+
+    def add_permits(self, permits: int) -> None:
+        """A Flow: add ``permits`` (messages, >= 0), keeping the total at most
+        :data:`MAX_PERMITS` (a client granting 2**32-1 gets the bound)."""
+        if permits > 0:
+            self.permits = min(self.permits + permits, MAX_PERMITS)
+
+    def _writable_again(self) -> None:
+        if self.on_writable is not None and not self.closed:
+            self.on_writable()
+
+    # ---- ordered background work ------------------------------------------
+    def ordered_busy(self) -> bool:
+        """True while commands wait in (or run from) this consumer's ordered work."""
+        return self._ordered_task is not None
+
+    def run_ordered(self, job: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``job()`` after every job queued before it (one task per consumer):
+        commands with long client lists are applied there in chunks, yielding to
+        the event loop, in the order the client sent them. Returns False (job
+        dropped) when :data:`MAX_ORDERED_JOBS` already wait. A job's exception is
+        logged; jobs keep running after the consumer closed (acks still count)."""
+        if len(self._ordered) >= MAX_ORDERED_JOBS:
+            return False
+        self._ordered.append(job)
+        if self._ordered_task is None:
+            self._ordered_task = asyncio.ensure_future(self._run_ordered())
+        return True
+
+    async def _run_ordered(self) -> None:
+        try:
+            while self._ordered:
+                job = self._ordered.popleft()
+                try:
+                    await job()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - one bad command must not stop the others
+                    log.exception("consumer %s: background command failed", self.name)
+        finally:
+            self._ordered.clear()
+            self._ordered_task = None
+
+    async def drain_ordered(self) -> None:
+        """Wait until the ordered work queued so far has run (seek/reset ordering)."""
+        while self._ordered_task is not None:
+            await asyncio.shield(self._ordered_task)
 
     def send_entries(self, items: list[DispatchItem], redelivery_counts: dict[Position, int],
                      ack_set_for: Callable[[Position], Optional[list[int]]]) -> None:
@@ -129,15 +223,100 @@ class Consumer:
         self._send(response)
 
 
-class ConsumerWriter:
-    """The outgoing side of a consumer stream: an unbounded queue drained by the
-    servicer (so the dispatcher never waits on a slow client: permits bound it)."""
+class _OutboundQueue:
+    """FIFO of ConsumerResponse frames (None = end of stream) with their sizes;
+    ``await get()`` as ``asyncio.Queue.get``. Taking a frame lowers the
+    writer's byte count."""
 
-    def __init__(self):
-        self.queue: asyncio.Queue = asyncio.Queue()
+    def __init__(self, writer: "ConsumerWriter"):
+        self._writer = writer
+        self._items: collections.deque = collections.deque()
+        self._waiter: Optional[asyncio.Future] = None
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: Optional[pb.ConsumerResponse], size: int = 0) -> None:
+        self._items.append((item, size))
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def get(self) -> Optional[pb.ConsumerResponse]:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item, size = self._items.popleft()
+        self._writer._taken(size)
+        return item
+
+    def clear(self) -> int:
+        """Drop every queued frame but an end-of-stream marker; returns the bytes dropped."""
+        dropped = sum(size for item, size in self._items if item is not None)
+        ended = any(item is None for item, _ in self._items)
+        self._items.clear()
+        if ended:
+            self._items.append((None, 0))
+        return dropped
+
+
+class ConsumerWriter:
+    """The outgoing side of a consumer stream: a queue drained by the servicer
+    (``await writer.queue.get()``, None = end the stream), so the dispatcher
+    never waits on a slow client.
+
+    Pulsar's channel writability: ``buffered_bytes`` counts the serialized size
+    of the queued frames; above ``high_water`` bytes the writer is not
+    writable (its consumer gets no permits, so dispatch to it stops), and once
+    the servicer took it below ``low_water`` it is writable again and
+    ``on_writable()`` runs (the consumer wakes its dispatcher). Answers and
+    control frames are always queued: only dispatch looks at writability, so
+    a stream holds at most ``high_water`` plus one dispatched frame.
+    """
+
+    def __init__(self, high_water: int = OUTBOUND_HIGH_WATER_BYTES, low_water: int = OUTBOUND_LOW_WATER_BYTES):
+        if not 0 <= low_water <= high_water:
+            raise ValueError(f"water marks must satisfy 0 <= low ({low_water}) <= high ({high_water})")
+        self.high_water = high_water
+        self.low_water = low_water
+        self.queue = _OutboundQueue(self)
+        self.buffered_bytes = 0
+        self.writable = True
+        self.on_writable: Optional[Callable[[], None]] = None
 
     def send(self, response: pb.ConsumerResponse) -> None:
-        self.queue.put_nowait(response)
+        """Queue one frame (never blocks); may turn the writer unwritable."""
+        size = response.ByteSize()
+        self.buffered_bytes += size
+        if self.buffered_bytes > self.high_water:
+            self.writable = False
+        self.queue.put_nowait(response, size)
+
+    def room(self) -> int:
+        """Bytes until the high-water mark (0 when over it)."""
+        return max(0, self.high_water - self.buffered_bytes)
+
+    def _taken(self, size: int) -> None:
+        self.buffered_bytes -= size
+        if not self.writable and self.buffered_bytes <= self.low_water:
+            self.writable = True
+            if self.on_writable is not None:
+                self.on_writable()
 
     def close(self) -> None:
-        self.queue.put_nowait(None)
+        """End the stream after the frames queued so far."""
+        self.queue.put_nowait(None, 0)
+
+    def discard(self) -> int:
+        """Drop the frames not sent yet (the consumer is gone; what they carried
+        is redelivered from its pending acks). Returns the bytes freed."""
+        dropped = self.queue.clear()
+        self.buffered_bytes = 0
+        self.writable = True
+        return dropped

@@ -25,6 +25,12 @@ Common loop: replayed positions first, then the cursor; entries that are
 markers are acknowledged and never delivered; entries already acknowledged are
 skipped by the cursor; entries with ``deliver_at_time`` in the future wait in
 a delayed-delivery heap (Shared and Key_Shared only, as in Pulsar).
+
+Bounds: the replay set (messagesToRedeliver) is a :class:`ReplaySet`, kept in
+position order (O(log n) per add and per position taken), and only ever holds
+positions that were pending for a consumer; consumers that are not writable
+(outgoing queue over its high-water mark) get no permits, and a read asks for
+at most the bytes the consumers with permits have room for.
 """
 from __future__ import annotations
 
@@ -32,8 +38,9 @@ import asyncio
 import heapq
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
+from broker.ledger.batch_index import MAX_BATCH_SIZE
 from broker.ledger.position import Entry, Position
 from client.entry_format import peek_metadata
 from client.errors import CorruptedMessage
@@ -47,6 +54,85 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HASH_RANGE_SIZE = 65536
+#: Smallest and largest byte budget of one cursor read (the budget is the room
+#: left in the outgoing queues of the consumers that have permits).
+MIN_READ_BYTES = 64 * 1024
+MAX_READ_BYTES = 5 * 1024 * 1024
+#: Entry size assumed before the first read (bytes): a first read of a byte budget B asks
+#: for at most B / this entries.
+INITIAL_AVG_ENTRY_BYTES = 64 * 1024
+
+
+def batch_size_of(metadata, data: bytes) -> int:
+    """Messages in an entry: ``num_messages_in_batch`` of its MessageMetadata (1
+    when absent), bounded by the entry's size in bytes and by MAX_BATCH_SIZE (a
+    producer's claim cannot make a batch bigger than its bytes; every message
+    takes at least one). Always >= 1. This is the *real* batch size that
+    batch-index acknowledgments are checked against."""
+    n = metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+    return max(1, min(n, len(data), MAX_BATCH_SIZE))
+
+
+class ReplaySet:
+    """Positions to redeliver (Pulsar's ``MessageRedeliveryController`` /
+    messagesToRedeliver), kept in position order.
+
+    A set plus a binary heap with lazy deletion: ``add`` O(log n), ``discard``
+    O(1), ``take(n)`` returns the ``n`` lowest positions in ascending order in
+    O(n log size); stale heap items are compacted when they outnumber live ones.
+    Never sorts the whole set per read (what made 100k redelivered positions
+    wedge the broker). Positions are ``Position`` (any ordered, hashable pair).
+    """
+
+    __slots__ = ("_members", "_heap")
+
+    def __init__(self, positions: Iterable[Position] = ()):
+        self._members: set[Position] = set()
+        self._heap: list[Position] = []
+        self.update(positions)
+
+    def add(self, position: Position) -> None:
+        if position not in self._members:
+            self._members.add(position)
+            heapq.heappush(self._heap, position)
+
+    def update(self, positions: Iterable[Position]) -> None:
+        for position in positions:
+            self.add(position)
+
+    def discard(self, position: Position) -> None:
+        self._members.discard(position)
+        if len(self._heap) > 64 and len(self._heap) > 2 * len(self._members):
+            self._heap = list(self._members)
+            heapq.heapify(self._heap)
+
+    def take(self, n: int) -> list[Position]:
+        """Remove and return the ``n`` lowest positions, ascending."""
+        out: list[Position] = []
+        heap, members = self._heap, self._members
+        while heap and len(out) < n:
+            position = heapq.heappop(heap)
+            if position in members:
+                members.discard(position)
+                out.append(position)
+        return out
+
+    def clear(self) -> None:
+        self._members.clear()
+        self._heap.clear()
+
+    def __contains__(self, position: object) -> bool:
+        return position in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def __iter__(self) -> Iterator[Position]:
+        """Ascending order (a sorted copy: for stats and tests, not the dispatch path)."""
+        return iter(sorted(self._members))
 
 
 class Dispatcher:
@@ -58,7 +144,7 @@ class Dispatcher:
         self.subscription = subscription
         self.cursor = subscription.cursor
         self.consumers: list[Consumer] = []
-        self.replay: set[Position] = set()           # messagesToRedeliver
+        self.replay = ReplaySet()                    # messagesToRedeliver, in position order
         self._delayed: list[tuple[int, Position]] = []
         self._wakeup = asyncio.Event()
         self._wake_future: Optional[asyncio.Future] = None  # what _wait awaits
@@ -67,6 +153,7 @@ class Dispatcher:
         self._task: Optional[asyncio.Task] = None
         self.max_read_batch = subscription.topic.config.dispatcher_max_read_batch_size
         self._avg_messages_per_entry = 1.0
+        self._avg_entry_bytes = float(INITIAL_AVG_ENTRY_BYTES)   # sizes reads to the consumers' room
         self._dispatched = 0
         self.paused = False     # during a seek, until its answer went out
 
@@ -129,6 +216,12 @@ class Dispatcher:
             return 0
         return sum(c.available_permits() for c in self.consumers)
 
+    def read_budget_bytes(self) -> int:
+        """Bytes one read may return: the room left in the outgoing queues of the
+        consumers that can take messages now, within [MIN_READ_BYTES, MAX_READ_BYTES]."""
+        room = sum(c.outbound_room() for c in self.consumers if c.available_permits() > 0)
+        return max(MIN_READ_BYTES, min(MAX_READ_BYTES, room))
+
     # ---- loop -----------------------------------------------------------
     async def _run(self) -> None:
         try:
@@ -140,12 +233,16 @@ class Dispatcher:
                     await self._wait(None)
                     continue
                 epoch = self._epoch
-                n_entries = max(1, min(self.max_read_batch, int(permits / max(1.0, self._avg_messages_per_entry))))
+                budget = self.read_budget_bytes()
+                # Entries wanted: within the permits (messages) and within the byte budget (the
+                # managed ledger returns a whole run of uncached entries whatever max_bytes says).
+                n_entries = max(1, min(self.max_read_batch, int(permits / max(1.0, self._avg_messages_per_entry)),
+                                       int(budget / max(1.0, self._avg_entry_bytes))))
                 from_replay = bool(self.replay)
                 if from_replay:
-                    entries = await self._read_replay(n_entries)
+                    entries = await self._read_replay(n_entries, budget)
                 else:
-                    entries = await self.cursor.read_entries(n_entries)
+                    entries = await self.cursor.read_entries(n_entries, budget)
                     if not entries:
                         await self._wait(self.cursor.read_position)
                         continue
@@ -193,14 +290,18 @@ class Dispatcher:
             if not wake.done():
                 wake.cancel()
 
-    async def _read_replay(self, max_entries: int) -> list[Entry]:
-        positions = sorted(self.replay)[:max_entries]
-        for pos in positions:
-            self.replay.discard(pos)
+    async def _read_replay(self, max_entries: int, max_bytes: int = MAX_READ_BYTES) -> list[Entry]:
+        """Read up to ``max_entries`` of the lowest replay positions (about
+        ``max_bytes`` at most: what is not read goes back to the replay set)."""
+        positions = self.replay.take(max_entries)
         ml = self.cursor.ml
         out: list[Entry] = []
+        size = 0
         i = 0
         while i < len(positions):
+            if size >= max_bytes:
+                self.replay.update(positions[i:])
+                break
             # Read runs of consecutive positions in one call.
             j = i
             while j + 1 < len(positions) and positions[j + 1] == Position(positions[j].ledger_id, positions[j].entry_id + 1):
@@ -213,7 +314,10 @@ class Dispatcher:
                                 self.subscription.name, positions[i], exc)
                     entries = []
                 wanted = set(positions[i:j + 1])
-                out.extend(e for e in entries if e.position in wanted and not self.cursor.is_acknowledged(e.position))
+                for e in entries:
+                    if e.position in wanted and not self.cursor.is_acknowledged(e.position):
+                        out.append(e)
+                        size += len(e.data)
             i = j + 1
         return out
 
@@ -223,6 +327,9 @@ class Dispatcher:
         to_ack: list[Position] = []
         now_ms = int(time.time() * 1000)
         total_msgs = 0
+        if entries:
+            mean = sum(len(e.data) for e in entries) / len(entries)
+            self._avg_entry_bytes = 0.5 * self._avg_entry_bytes + 0.5 * mean
         for entry in entries:
             try:
                 md = peek_metadata(entry.data)
@@ -238,11 +345,11 @@ class Dispatcher:
             if self.uses_delayed_delivery and md.HasField("deliver_at_time") and md.deliver_at_time > now_ms:
                 heapq.heappush(self._delayed, (md.deliver_at_time, entry.position))
                 continue
-            n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+            n = batch_size_of(md, entry.data)
             key = md.ordering_key if md.HasField("ordering_key") else (
                 md.partition_key.encode() if md.HasField("partition_key") else b"")
-            items.append(DispatchItem(entry.position, entry.data, max(1, n), key))
-            total_msgs += max(1, n)
+            items.append(DispatchItem(entry.position, entry.data, n, key))
+            total_msgs += n
         if items:
             self._avg_messages_per_entry = 0.8 * self._avg_messages_per_entry + 0.2 * (total_msgs / len(items))
         if to_ack:
@@ -318,6 +425,11 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         if self.paused or self.active is None:
             return 0
         return self.active.available_permits()
+
+    def read_budget_bytes(self) -> int:
+        if self.active is None:
+            return MIN_READ_BYTES
+        return max(MIN_READ_BYTES, min(MAX_READ_BYTES, self.active.outbound_room()))
 
     def redeliver(self, positions, count: bool = True) -> None:
         # Keep order for the single active consumer: rewind and re-read.

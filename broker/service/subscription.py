@@ -1,20 +1,33 @@
 """A topic's subscription (Pulsar's ``PersistentSubscription``): a cursor, the
 connected consumers, the dispatcher of the subscription's type, acknowledgments,
-redelivery, seek and unsubscribe."""
+redelivery, seek and unsubscribe.
+
+Client-supplied lists are bounded by what the broker knows (DESIGN.md "servers
+keep serving"): a batch-index ack is checked against the entry's *real* batch
+size (the message count the dispatcher read from the entry, or the entry read
+again), never the client's ``batch_size``; acks of positions that are not
+entries are refused and store nothing; a RedeliverUnacknowledged only
+redelivers positions pending for that consumer (Pulsar's
+``Consumer.redeliverUnacknowledgedMessages``). Long lists are walked by
+``acknowledge_async`` / ``redeliver_unacknowledged_async`` in chunks of
+:data:`CHUNK`, yielding to the event loop between chunks.
+"""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from typing import TYPE_CHECKING, Awaitable, Optional
+from typing import TYPE_CHECKING, Awaitable, Iterable, Optional, Sequence
 
 from broker.ledger.managed_cursor import InvalidCursorPosition, InvalidMarkDeletePosition, ManagedCursor
 from broker.ledger.position import Entry, Position
-from client.errors import ConsumerBusy, NotAllowed
+from client.entry_format import peek_metadata
+from client.errors import ConsumerBusy, CorruptedMessage, NotAllowed
 from proto import broker_pb2 as pb
 
 from .consumer import Consumer
 from .dispatchers import (Dispatcher, KeySharedDispatcher, MultipleConsumersDispatcher,
-                          SingleActiveConsumerDispatcher)
+                          SingleActiveConsumerDispatcher, batch_size_of)
 from .errors import InvalidArgument, PreconditionFailed
 
 if TYPE_CHECKING:
@@ -24,6 +37,10 @@ log = logging.getLogger(__name__)
 
 SUB_TYPE_NAMES = {pb.Exclusive: "Exclusive", pb.Shared: "Shared", pb.Failover: "Failover", pb.Key_Shared: "Key_Shared"}
 REPLICATED_PROPERTY = "pulsar.replicated.subscription"
+#: Positions handled per step when a command's list is walked in the background
+#: (between steps the event loop serves everyone else); commands with at most
+#: this many positions are applied at once.
+CHUNK = 1000
 
 
 class Subscription:
@@ -43,6 +60,7 @@ class Subscription:
         self.last_snapshot_used = None  # the newest snapshot the mark-delete position passed
         self.last_update_sent = 0.0     # loop time of the last UPDATE marker for this subscription
         self.update_timer = None
+        self._reset_epoch = 0           # bumped by reset_cursor: background acks from before it are dropped
 
     @property
     def replicated(self) -> bool:
@@ -75,7 +93,12 @@ class Subscription:
             self.dispatcher = self._new_dispatcher(sub_type)
             self.dispatcher.start()
         self.consumers.append(consumer)
+        consumer.on_writable = self._wake_dispatcher
         self.dispatcher.add_consumer(consumer)
+
+    def _wake_dispatcher(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.wake()
 
     def _new_dispatcher(self, sub_type: int) -> Dispatcher:
         if sub_type in (pb.Exclusive, pb.Failover):
@@ -87,50 +110,173 @@ class Subscription:
         raise InvalidArgument(f"unknown subscription type {sub_type}")
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach a consumer whose stream ended: its pending entries are
+        redelivered to the others and the frames it was not sent are dropped
+        (their memory is freed now, not when the topic unloads)."""
         consumer.closed = True
+        consumer.on_writable = None
+        if consumer.writer is not None:
+            consumer.writer.discard()
         if consumer in self.consumers:
             self.consumers.remove(consumer)
             if self.dispatcher is not None:
                 self.dispatcher.remove_consumer(consumer)
 
     def flow(self, consumer: Consumer, permits: int) -> None:
-        consumer.permits += permits
+        """A Flow command: ``permits`` more messages (clamped, Consumer.add_permits)."""
+        consumer.add_permits(permits)
         if self.dispatcher is not None:
             self.dispatcher.wake()
 
     # ---- acknowledgments ------------------------------------------------
+    def known_batch_size(self, position: Position, consumer: Optional[Consumer] = None) -> Optional[int]:
+        """The real message count of the entry at ``position`` when the broker
+        knows it without a read: from the pending acks of ``consumer`` or of
+        another consumer of this subscription (what the dispatcher read from the
+        entry, Pulsar's ``Consumer.getBatchSize``), or from an earlier batch-index
+        ack of it. None when unknown."""
+        if consumer is not None:
+            n = consumer.pending_acks.get(position)
+            if n is not None:
+                return n
+        for c in self.consumers:
+            n = c.pending_acks.get(position)
+            if n is not None:
+                return n
+        return self.cursor.batch_deleted.batch_size(position)
+
+    async def read_batch_size(self, position: Position) -> int:
+        """Read the entry at ``position`` and return its real batch size
+        (dispatchers.batch_size_of). Raises InvalidArgument when ``position`` is
+        not an entry of the topic."""
+        ml = self.cursor.ml
+        if not ml.is_entry(position):
+            raise InvalidArgument(f"cannot acknowledge {position}: not an entry of {self.topic.name} "
+                                  f"(last {ml.last_confirmed})")
+        entries = await ml.read_entries(position, 1)
+        if not entries or entries[0].position != position:
+            raise InvalidArgument(f"cannot acknowledge {position}: not an entry of {self.topic.name}")
+        try:
+            return batch_size_of(peek_metadata(entries[0].data), entries[0].data)
+        except CorruptedMessage:
+            return 1
+
+    def needs_async_ack(self, consumer: Consumer, ack: pb.Ack) -> bool:
+        """True when ``ack`` must go through :meth:`acknowledge_async`: more than
+        :data:`CHUNK` positions, or a batch-index ack of an entry whose real batch
+        size the broker only learns by reading it. Cost: O(min(len, CHUNK))."""
+        if len(ack.positions) > CHUNK:
+            return True
+        for ap in ack.positions:
+            if ap.batch_indexes:
+                pos = Position(ap.ledger_id, ap.entry_id)
+                if not self.cursor.is_acknowledged(pos) and self.known_batch_size(pos, consumer) is None:
+                    return True
+        return False
+
     def acknowledge(self, consumer: Consumer, ack: pb.Ack) -> Awaitable[None]:
-        """Apply an Ack command; returns an awaitable done when it is durable.
-        Raises NotAllowed (cumulative ack on Shared/Key_Shared) or InvalidArgument
-        (a position beyond the topic's last entry)."""
+        """Apply an Ack command at once; returns an awaitable done when it is
+        durable. For acks where :meth:`needs_async_ack` is False (a batch-index
+        ack of an entry of unknown size is refused here). Raises NotAllowed
+        (cumulative ack on Shared/Key_Shared) or InvalidArgument (a position
+        that is not an entry of the topic, a batch index outside the entry's
+        real batch size, more indexes than messages)."""
+        return self._apply_ack(consumer, ack.ack_type, ack.positions, {})
+
+    async def acknowledge_async(self, consumer: Consumer, ack: pb.Ack) -> Awaitable[None]:
+        """Apply an Ack of any length: positions in chunks of :data:`CHUNK`,
+        yielding to the event loop between chunks, reading the entries whose
+        batch size is unknown first. Returns an awaitable done when what was
+        applied is durable. Raises like :meth:`acknowledge` (chunks applied
+        before the failing one stay applied, as an inline ack's preceding
+        positions do). A reset/seek meanwhile drops the chunks not applied yet."""
+        epoch = self._reset_epoch
+        if ack.ack_type == pb.Cumulative and len(ack.positions) != 1:
+            raise InvalidArgument("a cumulative ack carries exactly one position")
+        remaining = iter(ack.positions)   # one iterator: slicing a long repeated field costs per slice
+        futures = []
+        for _ in range(0, max(1, len(ack.positions)), CHUNK):
+            # Whole-entry positions become plain Positions at once (the protobuf wrappers
+            # die right away: fewer tracked objects, shorter GC pauses); batch-index ones
+            # stay AckPositions, their unknown batch sizes read first.
+            chunk: list = []
+            sizes: dict[Position, int] = {}
+            for ap in itertools.islice(remaining, CHUNK):
+                pos = Position(ap.ledger_id, ap.entry_id)
+                if not ap.batch_indexes:
+                    chunk.append(pos)
+                    continue
+                chunk.append(ap)
+                if not self.cursor.is_acknowledged(pos) and self.known_batch_size(pos, consumer) is None:
+                    sizes[pos] = await self.read_batch_size(pos)
+            if epoch != self._reset_epoch:
+                break
+            futures.append(self._apply_ack(consumer, ack.ack_type, chunk, sizes))
+            await asyncio.sleep(0)
+        return asyncio.gather(*futures)
+
+    def _batch_size_for(self, pos: Position, consumer: Consumer, sizes: dict[Position, int],
+                        ap: pb.AckPosition) -> int:
+        size = sizes.get(pos) or self.known_batch_size(pos, consumer)
+        if size is None:
+            raise InvalidArgument(f"batch size of {pos} is not known yet; acknowledge it again")
+        if len(ap.batch_indexes) > size:
+            raise InvalidArgument(f"{len(ap.batch_indexes)} batch indexes for entry {pos}, which holds "
+                                  f"{size} message(s)")
+        return size
+
+    def _apply_ack(self, consumer: Consumer, ack_type: int, positions: Sequence,
+                   sizes: dict[Position, int]) -> Awaitable[None]:
+        """Apply ``positions`` (AckPositions, or Positions for whole entries) of
+        one Ack; ``sizes``: real batch sizes read for this call."""
         futures = []
         md_before = self.cursor.mark_delete_position
         try:
-            if ack.ack_type == pb.Cumulative:
+            if ack_type == pb.Cumulative:
                 if self.sub_type in (pb.Shared, pb.Key_Shared):
                     raise NotAllowed(f"cumulative acknowledgment is not allowed on {SUB_TYPE_NAMES[self.sub_type]} "
                                      f"subscription {self.name}; acknowledge messages individually")
-                if len(ack.positions) != 1:
+                if len(positions) != 1:
                     raise InvalidArgument("a cumulative ack carries exactly one position")
-                ap = ack.positions[0]
+                ap = positions[0]
                 pos = Position(ap.ledger_id, ap.entry_id)
-                if ap.batch_indexes and ap.batch_size:
+                indexes = () if type(ap) is Position else ap.batch_indexes
+                if indexes and not self.cursor.is_acknowledged(pos):
                     # Cumulative up to a batch index: the previous entry fully, this one partly.
+                    if not self.cursor.ml.is_entry(pos):
+                        raise InvalidMarkDeletePosition(f"cannot acknowledge {pos}: not an entry of "
+                                                        f"{self.topic.name} (last {self.cursor.ml.last_confirmed})")
+                    size = self._batch_size_for(pos, consumer, sizes, ap)
+                    upto, lowest = max(indexes), min(indexes)
+                    if upto >= size or lowest < 0:
+                        raise InvalidArgument(f"batch index {upto if upto >= size else lowest} "
+                                              f"out of range [0, {size}) for entry {pos}")
                     prev = Position(pos.ledger_id, pos.entry_id - 1)
                     if prev > self.cursor.mark_delete_position and pos.entry_id > 0:
                         futures.append(self.cursor.mark_delete_nowait(prev))
-                    futures.append(self.cursor.delete_batch_index_nowait(pos, ap.batch_size, range(max(ap.batch_indexes) + 1)))
-                else:
+                    futures.append(self.cursor.delete_batch_index_nowait(pos, size, range(upto + 1)))
+                elif not indexes:
                     futures.append(self.cursor.mark_delete_nowait(pos))
                 for c in self.consumers:
                     c.acked_up_to(pos)
                 self.msg_acked_counter += 1
             else:
                 whole = []
-                for ap in ack.positions:
-                    pos = Position(ap.ledger_id, ap.entry_id)
-                    if ap.batch_indexes and ap.batch_size:
-                        futures.append(self.cursor.delete_batch_index_nowait(pos, ap.batch_size, ap.batch_indexes))
+                for ap in positions:
+                    if type(ap) is Position:
+                        pos, ap = ap, None
+                    else:
+                        pos = Position(ap.ledger_id, ap.entry_id)
+                    if ap is not None and ap.batch_indexes:
+                        if self.cursor.is_acknowledged(pos):
+                            consumer.acked(pos)
+                            continue
+                        if not self.cursor.ml.is_entry(pos):
+                            raise InvalidMarkDeletePosition(
+                                f"cannot acknowledge {pos}: not an entry of {self.topic.name} "
+                                f"(last {self.cursor.ml.last_confirmed})")
+                        size = self._batch_size_for(pos, consumer, sizes, ap)
+                        futures.append(self.cursor.delete_batch_index_nowait(pos, size, ap.batch_indexes))
                         if self.cursor.is_acknowledged(pos):
                             consumer.acked(pos)
                     else:
@@ -139,12 +285,12 @@ class Subscription:
                         self.redelivery_counts.pop(pos, None)
                 if whole:
                     futures.append(self.cursor.delete_nowait(whole))
-                self.msg_acked_counter += len(ack.positions)
+                self.msg_acked_counter += len(positions)
         except InvalidMarkDeletePosition as exc:
             raise InvalidArgument(str(exc)) from None
         except ValueError as exc:
             raise InvalidArgument(f"invalid acknowledgment: {exc}") from None
-        if self.cursor.mark_delete_position != md_before or ack.ack_type != pb.Cumulative:
+        if self.cursor.mark_delete_position != md_before or ack_type != pb.Cumulative:
             self._mark_delete_moved()
         if self.dispatcher is not None:
             self.dispatcher.wake()
@@ -154,15 +300,45 @@ class Subscription:
         """Batch-index ack state of an entry being redelivered (set bit = not acknowledged)."""
         return self.cursor.batch_deleted.ack_set_words(position)
 
-    def redeliver_unacknowledged(self, consumer: Consumer, positions: list[Position]) -> None:
-        """RedeliverUnacknowledged: the given positions (or all pending of this consumer)."""
+    def redeliver_unacknowledged(self, consumer: Consumer, positions: Iterable) -> None:
+        """RedeliverUnacknowledged: of ``positions`` (``(ledger_id, entry_id)``
+        pairs or objects with ``ledger_id``/``entry_id``), only those pending for
+        ``consumer`` are redelivered (Pulsar's
+        Consumer.redeliverUnacknowledgedMessages: positions never delivered to it,
+        acknowledged or repeated are ignored); empty: everything pending of
+        ``consumer``. Walks the list at once: long lists go through
+        :meth:`redeliver_unacknowledged_async`."""
         if positions:
-            for pos in positions:
-                consumer.acked(pos)
+            pending = self._take_pending_of(consumer, positions)
         else:
-            positions = consumer.take_pending()
+            pending = consumer.take_pending()
+        self._redeliver(consumer, pending)
+
+    async def redeliver_unacknowledged_async(self, consumer: Consumer, positions: Sequence) -> None:
+        """:meth:`redeliver_unacknowledged` for a list of any length: walked in
+        chunks of :data:`CHUNK`, yielding to the event loop between chunks."""
+        pending: list[Position] = []
+        remaining = iter(positions)
+        for _ in range(0, len(positions), CHUNK):
+            pending.extend(self._take_pending_of(consumer, itertools.islice(remaining, CHUNK)))
+            await asyncio.sleep(0)
+        self._redeliver(consumer, pending)
+
+    @staticmethod
+    def _take_pending_of(consumer: Consumer, positions: Iterable) -> list[Position]:
+        out = []
+        pending = consumer.pending_acks
+        for p in positions:
+            key = p if isinstance(p, tuple) else (p.ledger_id, p.entry_id)
+            if key in pending:
+                pos = Position(*key)
+                consumer.acked(pos)
+                out.append(pos)
+        return out
+
+    def _redeliver(self, consumer: Consumer, positions: list[Position]) -> None:
         consumer.msg_redeliver_counter += len(positions)
-        if self.dispatcher is not None:
+        if self.dispatcher is not None and positions:
             self.dispatcher.redeliver(positions)
 
     def on_marker(self, entry: Entry, metadata) -> None:
@@ -219,6 +395,13 @@ class Subscription:
             dispatcher.paused = True
             dispatcher.reset()
         try:
+            # Commands the consumers sent before the seek (long acks applied in the
+            # background) are applied first; what is still queued after is dropped.
+            for c in list(self.consumers):
+                await c.drain_ordered()
+            if dispatcher is not None:
+                dispatcher.reset()
+            self._reset_epoch += 1
             self.redelivery_counts.clear()
             try:
                 done = self.cursor.reset(position)
