@@ -276,11 +276,14 @@ def soak_once(args, run: int) -> dict:
     return {"run": run, "repo": str(repo), "rate": args.rate, "size": args.size, "duration_s": args.duration,
             "sample_s": args.sample, "rss_mb": rss, "probe": probes, "latency": latency,
             "perf_summary": {k: perf_summary.get(k) for k in ("publish", "consume", "not_received")},
-            "summary": summarize(rss, probes, latency, args)}
+            "summary": summarize(rss, probes, latency, args.sample)}
 
 
-def summarize(rss: list[dict], probes: list[dict], latency: list[dict], args) -> dict:
-    """The figures the issue asks for, from one run's samples."""
+def summarize(rss: list[dict], probes: list[dict], latency: list[dict], sample_s: float) -> dict:
+    """The figures the issue asks for, from one run's samples: broker RSS at
+    minute 2, at the end, growth in between; p99 of the first and the last
+    latency line; cache entries; full-GC (generation 2) pauses in the first and
+    the last two minutes (longest and mean) and GC pause time per second."""
     def at(samples, t):
         best = [s for s in samples if s["t"] <= t + 1]
         return best[-1] if best else None
@@ -293,24 +296,31 @@ def summarize(rss: list[dict], probes: list[dict], latency: list[dict], args) ->
         out["broker_rss_mb_end"] = round(last["broker"], 1)
         out["broker_rss_growth_mb_after_min2"] = round(last["broker"] - warm["broker"], 1)
         out["broker_rss_mb_max"] = round(max(s["broker"] for s in rss), 1)
-        for key in sorted(k for k in last if k.startswith("bookie")):
+        for key in sorted(k for k in last if k.startswith("bookie") or k == "perf"):
             out[f"{key}_rss_mb_end"] = round(last[key], 1)
     if latency:
         out["p99_ms_first_minute"] = latency[0]["p99"]
         out["p99_ms_last_minute"] = latency[-1]["p99"]
         out["p99_ratio_last_to_first"] = round(latency[-1]["p99"] / latency[0]["p99"], 2) if latency[0]["p99"] else None
+        out["p50_ms_first_minute"] = latency[0]["p50"]
+        out["p50_ms_last_minute"] = latency[-1]["p50"]
+        out["rate_first_minute"] = latency[0]["rate"]
         out["rate_last_minute"] = latency[-1]["rate"]
     if probes:
         out["cache_entries_end"] = probes[-1].get("cache_entries")
         out["cache_bytes_end"] = probes[-1].get("cache_bytes")
         out["cache_entries_max"] = max((p.get("cache_entries") or 0) for p in probes)
+        out["tracked_objects_min2"] = (at(probes, 120.0) or probes[0]).get("tracked_objects")
         out["tracked_objects_end"] = probes[-1].get("tracked_objects")
-        per_min = max(1, int(round(60.0 / args.sample)))
-        first, lastm = probes[:per_min], probes[-per_min:]
-        out["gen2_max_pause_ms_first_minute"] = max(p["gc"]["2"]["max_ms"] for p in first)
-        out["gen2_max_pause_ms_last_minute"] = max(p["gc"]["2"]["max_ms"] for p in lastm)
-        out["gc_pause_ms_per_s_last_minute"] = round(
-            sum(sum(g["total_ms"] for g in p["gc"].values()) for p in lastm) / (per_min * args.sample), 2)
+        two_min = max(1, int(round(120.0 / sample_s)))
+        for name, part in (("first_2min", probes[:two_min]), ("last_2min", probes[-two_min:])):
+            count = sum(p["gc"]["2"]["count"] for p in part)
+            out[f"gen2_count_{name}"] = count
+            out[f"gen2_max_pause_ms_{name}"] = max(p["gc"]["2"]["max_ms"] for p in part)
+            out[f"gen2_mean_pause_ms_{name}"] = round(sum(p["gc"]["2"]["total_ms"] for p in part) / count, 2) \
+                if count else None
+            out[f"gc_pause_ms_per_s_{name}"] = round(
+                sum(sum(g["total_ms"] for g in p["gc"].values()) for p in part) / (len(part) * sample_s), 2)
     return out
 
 
@@ -402,6 +412,8 @@ def aggregate_files(paths: list[str]) -> None:
         for line in Path(path).read_text().splitlines():
             doc = json.loads(line) if line.strip().startswith("{") else {}
             if "summary" in doc:
+                if "rss_mb" in doc:    # recompute: the figures of this version of the script
+                    doc["summary"] = summarize(doc["rss_mb"], doc["probe"], doc["latency"], doc["sample_s"])
                 by_label.setdefault(doc.get("label", ""), []).append(doc)
     for label, results in sorted(by_label.items()):
         agg = aggregate(results)
