@@ -314,7 +314,8 @@ class EntryCacheManager:
     only the size cap evicts); ``eviction_time_threshold_ms``: age after which
     entries go (``managedLedgerCacheEvictionTimeThresholdMillis``; 0 = no age
     eviction). The task starts with the first cache created inside a running
-    event loop; :meth:`close` stops it.
+    event loop; :meth:`close` stops it. Raises ValueError when
+    ``eviction_watermark`` is not in (0, 1].
 
     Counters: ``total`` (bytes), ``entries``, ``evicted_entries`` (by reason:
     ``readers``, ``age``, ``size``, ``trim``, ``inactive``), ``evictions`` (ticks that removed something).
