@@ -55,7 +55,7 @@ class RangeProgress:
     def __init__(self, start: Position, end: Position, plan: Iterable[LedgerInfo] = ()):
         self.start = Position(*start)
         self.end = Position(*end)
-        self.plan: dict[int, int] = {int(lid): int(n) for lid, n in plan if int(n) > 0}
+        self.plan: dict[int, int] = {int(lid): int(n) for lid, n in sorted(plan) if int(n) > 0}   # oldest first
         self.highest = self.start
         self.observed = self.start     # highest entry ever pushed (gaps are counted once)
         self.consumed = self.start     # last entry whose messages were all handed out
@@ -68,7 +68,6 @@ class RangeProgress:
     def on_entry(self, position: Position, first_chunk: bool = False) -> None:
         """The broker pushed the entry at ``position`` (delivered or discarded);
         ``first_chunk``: it is chunk 0 of a chunked message."""
-        position = Position(*position)
         if position > self.highest:
             self.highest = position
         if position > self.observed:
@@ -77,11 +76,11 @@ class RangeProgress:
         if first_chunk and self.start < position <= self.end:
             self.pending.add(position)
 
-    def on_message(self, first_entry: Position) -> None:
-        """A message was received (queued); ``first_entry``: its entry, or its
-        first chunk's for a chunked message."""
-        if self.belongs(first_entry):
-            self.queued += 1
+    def on_message(self, first_entry: Position, count: int = 1) -> None:
+        """``count`` messages were received (queued); ``first_entry``: their
+        entry, or the first chunk's of a chunked message."""
+        if self.start < first_entry <= self.end:
+            self.queued += count
 
     def on_chunked_complete(self, first_chunk: Position) -> None:
         """A chunked message whose first chunk is at ``first_chunk`` is complete."""
@@ -111,12 +110,14 @@ class RangeProgress:
         """A message was handed out (read from the queue); ``first_entry``: its
         entry, or its first chunk's (default: its own entry).  The entry counts
         as consumed once its last message of a batch was."""
-        if self.belongs(first_entry if first_entry is not None else Position(ledger_id, entry_id)):
-            self.queued = max(0, self.queued - 1)
-        whole = batch_index < 0 or batch_size <= 0 or batch_index >= batch_size - 1
-        position = Position(ledger_id, entry_id if whole else entry_id - 1)
-        if position > self.consumed:
-            self.consumed = position
+        first = first_entry if first_entry is not None else (ledger_id, entry_id)
+        if self.queued and self.start < first <= self.end:
+            self.queued -= 1
+        if batch_index < 0 or batch_size <= 0 or batch_index >= batch_size - 1:
+            if (ledger_id, entry_id) > self.consumed:
+                self.consumed = Position(ledger_id, entry_id)
+        elif (ledger_id, entry_id - 1) > self.consumed:
+            self.consumed = Position(ledger_id, entry_id - 1)
 
     def belongs(self, first_entry: Position) -> bool:
         """Whether a message whose (first) entry is ``first_entry`` is read by
@@ -152,8 +153,10 @@ class RangeProgress:
         """Count the planned entries strictly between ``after`` and ``before``
         (None: up to ``end`` inclusive), capped at ``end``.  Those in
         ``before``'s own ledger precede an entry received from it: markers."""
+        if before is not None and before.ledger_id == after.ledger_id:
+            return                 # within one ledger: markers at most
         end = self.end
-        for lid in sorted(self.plan):
+        for lid in self.plan:
             if lid < after.ledger_id or lid > end.ledger_id:
                 continue
             if before is not None and lid > before.ledger_id:

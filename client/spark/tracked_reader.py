@@ -58,12 +58,15 @@ class TrackingSplitter(EntrySplitter):
                 first_chunk = is_chunk(md) and md.chunk_id == 0
             except CorruptedMessage:
                 pass
-        progress.on_entry(Position(entry.position.ledger_id, entry.position.entry_id), first_chunk)
-        for msg in result.messages:
-            chunk_ids = getattr(msg, "_chunk_ids", None)
-            if chunk_ids:
-                progress.on_chunked_complete(_pos(chunk_ids[0]))
-            progress.on_message(_pos(chunk_ids[0]) if chunk_ids else _pos(msg.message_id()))
+        position = Position(entry.position.ledger_id, entry.position.entry_id)
+        progress.on_entry(position, first_chunk)
+        messages = result.messages
+        if len(messages) == 1 and getattr(messages[0], "_chunk_ids", None):
+            first = _pos(messages[0]._chunk_ids[0])
+            progress.on_chunked_complete(first)
+            progress.on_message(first)
+        elif messages:
+            progress.on_message(position, len(messages))     # a batch: one entry's messages
         if result.ack or result.redeliver:
             progress.on_chunks_dropped([_pos(m) for m in (*result.ack, *result.redeliver)])
         return result
