@@ -353,7 +353,7 @@ async def _idle(args, sa: Standalone, run: int) -> dict:
         await asyncio.sleep(args.settle)
         return rss_mb(sa.pid)
 
-    out = {"run": run}
+    out = {}
     async with AsyncClient(sa.service_url, operation_timeout_seconds=60) as client:
         # one topic first, so that per-process first-use costs are not counted per topic
         p = await client.create_producer(f"persistent://public/default/idle-warm-{run}")
