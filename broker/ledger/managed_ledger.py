@@ -127,7 +127,7 @@ class ManagedLedger:
         self.last_confirmed: Position = Position(-1, -1)
         self.cursors: dict[str, "ManagedCursor"] = {}  # noqa: F821 (durable and non-durable)
         self.cache: EntryCache = factory.cache_manager.new_cache(name, self.cache_eviction_position)
-        self._readers: "weakref.WeakSet" = weakref.WeakSet()   # live non-durable cursors (for the cache)
+        self._readers: list[weakref.ref] = []   # non-durable cursors (weak: dropped readers vanish), for the cache
         self._queued: list[tuple[bytes, asyncio.Future]] = []
         # Adds not confirmed on a ledger that failed: resubmitted first, in order, to the next ledger.
         self._failed_adds: list[tuple[bytes, asyncio.Future]] = []
@@ -587,7 +587,7 @@ class ManagedLedger:
         from .managed_cursor import ManagedCursor
 
         cursor = ManagedCursor.non_durable(self, start, name or f"reader-{id(start)}-{time.monotonic_ns()}", inclusive)
-        self._readers.add(cursor)
+        self._readers = [r for r in self._readers if r() is not None] + [weakref.ref(cursor)]
         return cursor
 
     async def delete_cursor(self, name: str) -> None:
@@ -623,9 +623,10 @@ class ManagedLedger:
         subscriptions recovered without consumers are not)."""
         by_md = self.config.cache_eviction_by_mark_deleted_position
         slowest = None
-        for cursors in (self.cursors.values(), list(self._readers)):
+        readers = [r() for r in self._readers]
+        for cursors in (self.cursors.values(), readers):
             for c in cursors:
-                if not c.active or c._closed:
+                if c is None or not c.active or c._closed:
                     continue
                 p = Position(c.mark_delete_position.ledger_id, c.mark_delete_position.entry_id + 1) \
                     if by_md else c.read_position
