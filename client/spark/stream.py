@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
+import os
 from typing import Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -70,18 +70,35 @@ def _unchanged_as_given(result: dict, start: Mapping, ends: Mapping[TopicPartiti
     return result
 
 
-def _stop_on_sigterm(reader: "MinipulsarStreamReader") -> None:
+def _in_spark_runner() -> bool:
+    """Whether this is the main thread of Spark's stream-reader process
+    (``python -m pyspark.sql.streaming.python_streaming_source_runner``)."""
+    import sys
+    import threading
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (threading.current_thread() is threading.main_thread()
+            and str(getattr(main, "name", "")).endswith("python_streaming_source_runner"))
+
+
+def _ignore_sigterm() -> None:
+    """While the subscriptions are deleted: a second SIGTERM must not cut it
+    short (Spark's stream-reader process only)."""
+    import signal
+    if _in_spark_runner():
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
+
+
+def _stop_on_sigterm() -> None:
     """Spark stops a Python stream reader's process with SIGTERM (its
     ``PythonStreamingSourceRunner.stop``), which would skip ``stop()``: make
     SIGTERM raise ``SystemExit`` instead, so the runner's ``finally:
     reader.stop()`` runs and deletes the durable subscriptions.  Only in that
-    runner process, from its main thread; elsewhere a no-op."""
+    runner process; elsewhere a no-op."""
     import signal
-    import threading
-
-    main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if threading.current_thread() is not threading.main_thread() or \
-            not str(getattr(main, "name", "")).endswith("python_streaming_source_runner"):
+    if not _in_spark_runner():
         return
 
     def on_term(signum, frame):
@@ -111,6 +128,7 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._seen: dict[TopicPartition, dict[int, int | None]] = {}
         self._latest: dict[TopicPartition, Position] | None = None
         self._planned: tuple[str, dict] | None = None                 # (end offset key, states) of latestOffset
+        self._parent_pid = os.getppid()                                # the Spark driver (JVM) that started us
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -149,7 +167,8 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._keeper is None:
             from client.spark.retention import SubscriptionKeeper
             self._keeper = SubscriptionKeeper(self._broker(), self.options.subscription_prefix)
-            _stop_on_sigterm(self)
+            self._parent_pid = os.getppid()
+            _stop_on_sigterm()
         self._keeper.ensure(starts)
 
     def initialOffset(self) -> dict:
@@ -302,16 +321,16 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def stop(self) -> None:
         """Delete the durable subscriptions (if any) and close the broker
-        connection.  Called by Spark's runner on its way out: when that is
-        because the driver died (the runner's socket closed), the durable
+        connection.  Spark's runner calls it on its way out; when the Spark
+        driver died (the process that started this one is gone), the durable
         subscriptions are left for the restarted query, holding its data."""
         if self._keeper is not None:
-            dying = sys.exc_info()[1]
-            if isinstance(dying, (EOFError, OSError)):
-                log.warning("the Spark driver is gone (%r): keeping the durable subscription %s for the restarted "
+            if os.getppid() != self._parent_pid:
+                log.warning("the Spark driver is gone: keeping the durable subscription %s for the restarted "
                             "query; without a restart remove it with: minipulsar-admin topics unsubscribe TOPIC -s %s",
-                            dying, self._keeper.name, self._keeper.name)
+                            self._keeper.name, self._keeper.name)
             else:
+                _ignore_sigterm()
                 self._keeper.remove()
             self._keeper = None
         if self._lookup is not None:
