@@ -5,7 +5,7 @@ ordered background work of commands that carry long client-supplied lists.
 
 Bounds (DESIGN.md "servers keep serving"): permits are clamped to
 :data:`MAX_PERMITS`; a consumer whose outgoing queue holds more than
-:data:`OUTBOUND_HIGH_WATER_BYTES` (1 MiB) is not writable and gets nothing until the
+:data:`OUTBOUND_HIGH_WATER_BYTES` (2 MiB) is not writable and gets nothing until the
 queue drains below :data:`OUTBOUND_LOW_WATER_BYTES` (Netty's
 ``WriteBufferWaterMark`` behind Pulsar's ``Consumer.isWritable``).
 """
@@ -29,9 +29,9 @@ _ids = itertools.count(1)
 #: memory a slow consumer costs is bounded by the outbound water marks, not by permits.
 MAX_PERMITS = 1 << 20
 #: Outgoing bytes queued for one consumer stream above which it is not writable (dispatch stops).
-OUTBOUND_HIGH_WATER_BYTES = 1024 * 1024
+OUTBOUND_HIGH_WATER_BYTES = 2 * 1024 * 1024
 #: ... and below which it is writable again (dispatch resumes).
-OUTBOUND_LOW_WATER_BYTES = 256 * 1024
+OUTBOUND_LOW_WATER_BYTES = 1024 * 1024
 #: Most commands waiting in a consumer's ordered background work; more are refused
 #: (retriable) so a client cannot queue unbounded memory faster than the broker applies it.
 MAX_ORDERED_JOBS = 16
@@ -111,11 +111,6 @@ class Consumer:
     def writable(self) -> bool:
         """Pulsar's ``Consumer.isWritable``: the outgoing queue is under its high-water mark."""
         return self.writer is None or self.writer.writable
-
-    def outbound_room(self) -> int:
-        """Bytes that fit in the outgoing queue before the high-water mark (>= 0);
-        ``OUTBOUND_HIGH_WATER_BYTES`` without a writer. Dispatchers size reads by it."""
-        return OUTBOUND_HIGH_WATER_BYTES if self.writer is None else self.writer.room()
 
     def available_permits(self) -> int:
         """Messages the dispatcher may push now: 0 while closed, blocked on

@@ -86,9 +86,9 @@ async def test_writer_water_marks_and_wakeup():
     consumer.add_permits(10)
     assert consumer.writer is w and consumer.writable and consumer.available_permits() == 10
     w.send(_frame(600))
-    assert w.writable and consumer.outbound_room() < 400
+    assert w.writable and w.room() < 400
     w.send(_frame(600))                                 # over the high-water mark
-    assert not w.writable and consumer.available_permits() == 0 and consumer.outbound_room() == 0
+    assert not w.writable and consumer.available_permits() == 0 and w.room() == 0
     w.send(pb.ConsumerResponse(success=pb.CommandSuccess(request_id=1)))   # answers still queue
     assert (await w.queue.get()).WhichOneof("response") == "messages"
     assert not w.writable and not woken                 # ~600 bytes left: above the low-water mark
