@@ -59,6 +59,8 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         except Exception as exc:
             await abort_with(context, exc)
             return
+        log.info("[%s] producer %s created (topic instance %x, %s)", topic.name, producer.name, id(topic),
+                 context.peer())
         try:
             await context.write(pb.ProducerResponse(success=pb.ProducerSuccess(
                 producer_name=producer.name, last_sequence_id=topic.last_sequence_id(producer.name),
@@ -66,6 +68,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             await self._produce_loop(context, topic, producer)
         finally:
             topic.remove_producer(producer)
+            log.info("[%s] producer %s removed (topic instance %x)", topic.name, producer.name, id(topic))
 
     async def _produce_loop(self, context, topic, producer) -> None:
         pending: collections.deque = collections.deque()
@@ -109,6 +112,9 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             signal()
 
         producer.on_disconnect = disconnect
+        if producer.closed:  # the topic closed while ProducerSuccess was being written
+            disconnect(ServiceNotReady(f"topic {topic.name} was unloaded or deleted on this broker; "
+                                       f"look it up again"))
         reader_task = asyncio.create_task(reader())
         reader_task.add_done_callback(signal)
         try:

@@ -686,6 +686,14 @@ class ManagedLedger:
         self._closing.set()   # a rollover waiting for bookies gives up; its queued adds fail (not stored)
         if self._rollover_task is not None:
             await asyncio.gather(self._rollover_task, return_exceptions=True)
+        # Adds still waiting for a ledger (queued behind a rollover that filled up or gave up,
+        # or resubmissions of failed adds) are not stored and never will be here: fail them
+        # (Pulsar's clearPendingAddEntries with ManagedLedgerAlreadyClosedException), else
+        # their producers wait forever on a topic that is gone.
+        unstored, self._queued, self._failed_adds = self._queued + self._failed_adds, [], []
+        for _, fut in unstored:
+            if not fut.done():
+                fut.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} closed before storing"))
         for cursor in list(self.cursors.values()):
             await cursor.close()
         self._closed = True

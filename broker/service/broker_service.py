@@ -86,10 +86,13 @@ class BrokerService:
         if task is None:
             task = self._loading[key] = asyncio.create_task(self._load_topic(tn, create))
         try:
-            return await asyncio.shield(task)
+            topic = await asyncio.shield(task)
         finally:
             if task.done():
                 self._loading.pop(key, None)
+        if topic.closed:  # unloaded while this caller waited for the load: never hand it out
+            raise ServiceNotReady(f"topic {tn} was unloaded on this broker while loading; retry")
+        return topic
 
     async def _load_topic(self, tn: TopicName, create: bool) -> PersistentTopic:
         policies = await self.namespace_policies(tn.namespace)
@@ -117,7 +120,7 @@ class BrokerService:
         topic = PersistentTopic(self, tn, ml, self.dedup_enabled(policies))
         await topic.initialize()
         self.topics[str(tn)] = topic
-        log.info("loaded topic %s", tn)
+        log.info("loaded topic %s (instance %x)", tn, id(topic))
         await self.on_topic_loaded(topic, policies)
         return topic
 
@@ -143,6 +146,7 @@ class BrokerService:
         loaded = self.topics.get(str(tn))
         if loaded is None:
             raise NotFound(f"topic {tn} is not loaded on this broker")
+        log.info("unloading topic %s (instance %x)", tn, id(loaded))
         await self._close_topic(loaded, loaded.close)
 
     async def _close_topic(self, topic: PersistentTopic, how) -> None:

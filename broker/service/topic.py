@@ -204,9 +204,17 @@ class PersistentTopic:
             log.warning("[%s] dedup snapshot failed: %s", self.name, exc)
 
     # ---- producers ------------------------------------------------------
+    def _check_open(self) -> None:
+        """Raise ServiceNotReady (retriable: the client looks the topic up again) when
+        this instance was closed (unloaded, deleted): nothing may attach to it."""
+        if self.closed:
+            raise ServiceNotReady(f"topic {self.name} was unloaded or deleted on this broker; look it up again")
+
     def add_producer(self, name: Optional[str], is_replicator: bool = False) -> BrokerProducer:
         """Register a producer; a generated name when ``name`` is empty. Raises
-        ProducerBusy when the name is already connected."""
+        ProducerBusy when the name is already connected, ServiceNotReady when the
+        topic instance is closed."""
+        self._check_open()
         if not name:
             name = f"{self.service.config.cluster_name}-{uuid.uuid4().hex[:12]}"
         if name in self.producers:
@@ -404,6 +412,9 @@ class PersistentTopic:
                                                     inclusive=sub.start_message_id_inclusive)
             subscription = Subscription(self, sub.subscription, cursor, durable=False)
             self.non_durable_subscriptions[sub.subscription] = subscription
+        # The topic may have been unloaded while the cursor opened: a consumer attached to
+        # the closed instance would never be disconnected (its acks would go nowhere).
+        self._check_open()
         subscription.add_consumer(consumer, sub.sub_type)
         return subscription
 
@@ -501,6 +512,11 @@ class PersistentTopic:
         for p in list(self.producers.values()):
             p.disconnect(error)
         for s in list(self.subscriptions.values()):
+            await s.close()
+        # Readers too (Pulsar's close disconnects every subscription's consumers): a Reader
+        # left on the closed instance would get nothing more and its dispatcher would keep
+        # reading a closed managed ledger.
+        for s in list(self.non_durable_subscriptions.values()):
             await s.close()
 
     async def close(self) -> None:
