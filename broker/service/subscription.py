@@ -39,8 +39,10 @@ SUB_TYPE_NAMES = {pb.Exclusive: "Exclusive", pb.Shared: "Shared", pb.Failover: "
 REPLICATED_PROPERTY = "pulsar.replicated.subscription"
 #: Positions handled per step when a command's list is walked in the background
 #: (between steps the event loop serves everyone else); commands with at most
-#: this many positions are applied at once.
-CHUNK = 1000
+#: this many positions are applied at once. Small steps also keep few objects alive
+#: across garbage collections: with 1000 the GC's full collections made a second
+#: client wait up to ~0.5 s during a 1,000,000-position ack, with 256 ~0.1 s.
+CHUNK = 256
 
 
 class Subscription:
