@@ -18,7 +18,7 @@ from proto import broker_pb2 as pb
 
 from .consumer import Consumer
 from .dedup import REPLICATOR_PREFIX, DedupStatus, MessageDeduplication
-from .errors import NotFound, ServiceNotReady
+from .errors import InvalidArgument, NotFound, ServiceNotReady
 from .subscription import Subscription
 
 if TYPE_CHECKING:
@@ -48,6 +48,9 @@ def dedup_key(md) -> Optional[tuple[str, int]]:
         return None   # dedup state advances on the last chunk only, live and on replay (Pulsar #20948)
     return md.producer_name, max(md.sequence_id, md.highest_sequence_id)
 
+
+# Largest sequence id a producer may use: Pulsar's are Java longs (signed 64-bit).
+MAX_SEQUENCE_ID = 2**63 - 1
 
 class BrokerProducer:
     """A producer connected to a topic (Pulsar's broker-side ``Producer``)."""
@@ -245,6 +248,11 @@ class PersistentTopic:
                                 f"{self.config.max_message_size} on {self.name}; enable chunking or send smaller")
         if self.closed:
             raise ServiceNotReady(f"topic {self.name} is closing on this broker; look it up again")
+        if send.sequence_id > MAX_SEQUENCE_ID or send.highest_sequence_id > MAX_SEQUENCE_ID:
+            # Pulsar's sequence ids are Java longs; one stored beyond would make every later
+            # CreateProducer of this name fail (ProducerSuccess.last_sequence_id is int64).
+            raise InvalidArgument(f"sequence id {max(send.sequence_id, send.highest_sequence_id)} of producer "
+                                  f"{producer.name} is above {MAX_SEQUENCE_ID} (a signed 64-bit sequence id)")
         if self.write_fenced:
             raise ServiceNotReady(f"{self.name}: a write failed; waiting for {self.pending_write_ops} pending "
                                   f"writes before accepting sends again; retry")
@@ -395,7 +403,6 @@ class PersistentTopic:
             subscription = self.subscriptions.get(sub.subscription)
             if subscription is None:
                 if sub.subscription.startswith(INTERNAL_CURSOR_PREFIXES):
-                    from .errors import InvalidArgument
                     raise InvalidArgument(f"subscription names starting with 'pulsar.' are reserved: {sub.subscription}")
                 initial = "earliest" if sub.initial_position == pb.Earliest else "latest"
                 cursor = await self.ml.open_cursor(sub.subscription, initial_position=initial)

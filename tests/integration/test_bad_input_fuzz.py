@@ -24,9 +24,10 @@ runs; they are counted apart (see the closing note of issue 21).
 
 CI keeps the run small and repeatable: 25 derandomized examples per method. Set
 MINIPULSAR_FUZZ_EXAMPLES for a long, random run, e.g. MINIPULSAR_FUZZ_EXAMPLES=2000.
-Open finding of the long run (issue 21 closing note): a Send with sequence_id
->= 2**63 is stored, after which every CreateProducer of that producer name fails
-with UNKNOWN "Value out of range" (ProducerSuccess.last_sequence_id is int64).
+A finding of the long run, fixed: a Send with sequence_id >= 2**63 was stored,
+after which every CreateProducer of that producer name failed with UNKNOWN
+"Value out of range"; it is now refused with InvalidArgument
+(tests/integration/test_bad_input_sequence_ids.py).
 """
 from __future__ import annotations
 
