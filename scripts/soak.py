@@ -10,8 +10,9 @@ seconds records
   the perf client), from ``/proc/<pid>/status``;
 * inside the broker process (a probe thread, see below): the entry cache's
   bytes and entries, the garbage collector's pauses per generation in the
-  interval (count, total, longest; timed with ``gc.callbacks``) and the number
-  of GC-tracked objects;
+  interval (count, total, longest; wall time, and the collecting thread's CPU
+  time, which a busy machine does not inflate; timed with ``gc.callbacks``)
+  and the number of GC-tracked objects;
 * the perf client's end-to-end latency per ``--latency-interval`` (60 s: one
   line per minute, p50/p99/p99.9/max).
 
@@ -32,12 +33,15 @@ and their ratio, cache entries at the end, longest full (gen 2) GC pause in
 the first and the last minute. ``--scenario idle`` instead measures the broker
 memory per idle topic (``--topics`` topics, each loaded by one send, then
 idle) and per connected idle consumer (``--consumers`` consumers on one Shared
-subscription).
+subscription); ``--scenario gc`` the CPU time of a full garbage collection in
+this process with ``--entries`` entries cached with Position keys (the layout
+before issue 23) and in the EntryCache.
 
     .venv/bin/python scripts/soak.py                      # the issue's run: 10 min at 5,000 msg/s, x3
     .venv/bin/python scripts/soak.py --duration 240 --rate 2000 --runs 3
     .venv/bin/python scripts/soak.py --broker-config extra.toml     # e.g. eviction settings
     .venv/bin/python scripts/soak.py --scenario idle --topics 500 --consumers 500
+    .venv/bin/python scripts/soak.py --scenario gc --entries 200000   # CPU of a full GC, cache layouts
     .venv/bin/python scripts/soak.py --aggregate runs-*.jsonl       # median/range per --label of saved runs
 """
 from __future__ import annotations
@@ -70,19 +74,27 @@ def run_probe(out_file: str, sample_s: float, argv: list[str]) -> None:
     import gc
     import runpy
 
-    pauses = {g: [0, 0.0, 0.0] for g in range(3)}    # generation -> [count, total s, longest s] this interval
-    state = {"t0": 0.0}
+    # generation -> [count, total s, longest s, CPU total s, CPU longest s] this interval. Wall time is
+    # what the event loop waits; the collecting thread's CPU time is what the collection costs
+    # (on a busy machine the wall time also counts the time the process waited for a core).
+    pauses = {g: [0, 0.0, 0.0, 0.0, 0.0] for g in range(3)}
+    state = {"t0": 0.0, "c0": 0.0}
 
     def on_gc(phase, info):
         if phase == "start":
             state["t0"] = time.perf_counter()
+            state["c0"] = time.thread_time()
             return
         dt = time.perf_counter() - state["t0"]
+        ct = time.thread_time() - state["c0"]
         p = pauses[min(info.get("generation", 2), 2)]
         p[0] += 1
         p[1] += dt
+        p[3] += ct
         if dt > p[2]:
             p[2] = dt
+        if ct > p[4]:
+            p[4] = ct
 
     gc.callbacks.append(on_gc)
     found = {}
@@ -109,11 +121,12 @@ def run_probe(out_file: str, sample_s: float, argv: list[str]) -> None:
                 cache_entries = sum(len(c) for c in caches)
             snap = {g: list(v) for g, v in pauses.items()}
             for v in pauses.values():
-                v[:] = [0, 0.0, 0.0]
+                v[:] = [0, 0.0, 0.0, 0.0, 0.0]
             line = {"t": round(time.monotonic() - start, 1), "cache_bytes": cache_bytes,
                     "cache_entries": cache_entries, "tracked_objects": len(gc.get_objects()),
-                    "gc": {str(g): {"count": c, "total_ms": round(s * 1000, 2), "max_ms": round(m * 1000, 2)}
-                           for g, (c, s, m) in snap.items()}}
+                    "gc": {str(g): {"count": c, "total_ms": round(s * 1000, 2), "max_ms": round(m * 1000, 2),
+                                    "cpu_total_ms": round(cs * 1000, 2), "cpu_max_ms": round(cm * 1000, 2)}
+                           for g, (c, s, m, cs, cm) in snap.items()}}
             with open(out_file, "a") as f:
                 f.write(json.dumps(line) + "\n")
 
@@ -319,6 +332,9 @@ def summarize(rss: list[dict], probes: list[dict], latency: list[dict], sample_s
             out[f"gen2_max_pause_ms_{name}"] = max(p["gc"]["2"]["max_ms"] for p in part)
             out[f"gen2_mean_pause_ms_{name}"] = round(sum(p["gc"]["2"]["total_ms"] for p in part) / count, 2) \
                 if count else None
+            if all("cpu_total_ms" in p["gc"]["2"] for p in part):
+                out[f"gen2_mean_cpu_ms_{name}"] = round(
+                    sum(p["gc"]["2"]["cpu_total_ms"] for p in part) / count, 2) if count else None
             out[f"gc_pause_ms_per_s_{name}"] = round(
                 sum(sum(g["total_ms"] for g in p["gc"].values()) for p in part) / (len(part) * sample_s), 2)
     return out
@@ -381,11 +397,49 @@ async def _idle(args, sa: Standalone, run: int) -> dict:
     return {"run": run, "repo": str(Path(args.repo).resolve()), "summary": out}
 
 
+# ---------------------------------------------------------------------------- GC cost of the cache layout
+def gc_cost(args) -> dict:
+    """CPU time of one full collection (``gc.collect()``, median of 5) of this process
+    with ``--entries`` cached entries of ``--size`` bytes in (a) an OrderedDict keyed
+    by Position (the layout before issue 23) and (b) the EntryCache, and empty."""
+    import collections
+    import gc
+
+    from broker.ledger.entry_cache import EntryCacheManager
+    from broker.ledger.position import Position
+
+    def full_gc_ms() -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.thread_time()
+            gc.collect()
+            times.append((time.thread_time() - t0) * 1000)
+        return round(statistics.median(times), 2)
+
+    out = {"entries": args.entries, "size": args.size, "empty_ms": full_gc_ms(),
+           "tracked_objects_empty": len(gc.get_objects())}
+    old: collections.OrderedDict = collections.OrderedDict()
+    for i in range(args.entries):
+        old[Position(7, i)] = b"%d" % i + bytes(args.size)
+    out["position_keys_ms"] = full_gc_ms()
+    out["tracked_objects_position_keys"] = len(gc.get_objects())
+    del old
+    cache = EntryCacheManager(1 << 40, eviction_interval_ms=0).new_cache("gc")
+    for i in range(args.entries):
+        cache.insert(Position(7, i), b"%d" % i + bytes(args.size))
+    out["entry_cache_ms"] = full_gc_ms()
+    out["tracked_objects_entry_cache"] = len(gc.get_objects())
+    progress(f"full collection CPU ms: empty {out['empty_ms']}, {args.entries} Position keys "
+             f"{out['position_keys_ms']}, EntryCache {out['entry_cache_ms']}")
+    return {"summary": out}
+
+
 # ---------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", choices=["soak", "idle"], default="soak")
+    p.add_argument("--scenario", choices=["soak", "idle", "gc"], default="soak")
+    p.add_argument("--entries", type=int, default=200_000, help="gc scenario: cached entries (default 200,000)")
     p.add_argument("--repo", default=str(REPO), help="the minipulsar checkout to run (default: this one)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rate", type=float, default=5000.0, help="msg/s (default 5000)")
@@ -436,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     results = []
     for run in range(1, args.runs + 1):
-        res = soak_once(args, run) if args.scenario == "soak" else idle_once(args, run)
+        res = {"soak": soak_once, "idle": idle_once, "gc": lambda a, r: gc_cost(a)}[args.scenario](args, run)
         res["label"] = args.label
         results.append(res)
         print(json.dumps(res, sort_keys=True), flush=True)

@@ -1,0 +1,32 @@
+"""Smoke test of scripts/soak.py: a short run against a real standalone prints one
+JSON line per run with RSS, probe (cache, GC) and latency samples, and a summary.
+Figures are printed, never asserted (no timing checks)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.procs import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_soak_short_run_prints_samples_and_a_summary():
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "soak.py"), "--runs", "1", "--duration", "6",
+                           "--rate", "200", "--sample", "2", "--latency-interval", "3", "--label", "smoke"],
+                          cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    print(proc.stderr[-3000:])
+    run, agg = lines
+    assert run["label"] == "smoke" and agg["runs"] == 1
+    assert run["rss_mb"] and all(s["broker"] > 0 and s["bookie-0"] > 0 and s["bookie-1"] > 0 for s in run["rss_mb"])
+    assert run["probe"] and all(p["cache_entries"] is not None and "2" in p["gc"] for p in run["probe"])
+    assert run["latency"] and run["perf_summary"]["not_received"] == 0
+    assert {"broker_rss_mb_end", "p99_ms_first_minute", "cache_entries_end", "gc_pause_ms_per_s_last_2min"} \
+        <= run["summary"].keys()
