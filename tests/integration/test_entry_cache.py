@@ -130,7 +130,7 @@ async def test_slow_subscription_and_reader_get_every_message_in_order(cluster):
         assert await asyncio.wait_for(receiving, 60) == sent
         # The slow cursor read 5 entries at most: only age eviction can have emptied the cache.
         before = await wait_for_metric(broker, "pulsar_ml_cache_entries", lambda v: v == 0)
-        assert before["pulsar_ml_cache_evicted_entries_total{reason=age}"] >= n - 100, before
+        assert before["pulsar_ml_cache_evicted_entries_total{reason=age}"] >= n // 2, before
         got = await _receive(slow, n)
         assert got == sent                                          # nothing lost, nothing reordered
         with pytest.raises(Timeout):
