@@ -26,6 +26,9 @@ from .service.topic import DUP_POSITION
 
 log = logging.getLogger(__name__)
 
+# The Produce stream yields to the event loop after this many sends of one frame.
+YIELD_EVERY_SENDS = 256
+
 
 async def abort_with(context, exc: BaseException):
     """End the call with the gRPC status for ``exc`` ("ClassName: message")."""
@@ -87,7 +90,9 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     return
                 if not req.HasField("sends"):
                     continue
-                for send in req.sends.sends:
+                for i, send in enumerate(req.sends.sends):
+                    if i and i % YIELD_EVERY_SENDS == 0:
+                        await asyncio.sleep(0)  # a frame of many sends never stalls other clients
                     if producer.closed:
                         continue                       # disconnecting: the client resends after reconnecting
                     if producer.failed:
