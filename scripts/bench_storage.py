@@ -250,10 +250,10 @@ async def bench_cursor(tmp: str, journal_sync: bool, args) -> dict:
         recover_times: list[float] = []
         orig_recover = ManagedCursor.recover.__func__
 
-        async def timed_recover(cls, ml_, name_):
+        async def timed_recover(cls, ml_, name_, *args, **kwargs):
             t = time.perf_counter()
             try:
-                return await orig_recover(cls, ml_, name_)
+                return await orig_recover(cls, ml_, name_, *args, **kwargs)
             finally:
                 recover_times.append(time.perf_counter() - t)
 
