@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_INDIVIDUAL_ACKS_IN_UPDATE = 20000     # acknowledged origin ids looked at per UPDATE (ranges are sent)
+# Origins of the most recent entries kept by the controller (count): UPDATE markers name the
+# acknowledged entries after the last passed snapshot by origin, and the entry cache no longer
+# holds entries behind the readers (it is evicted by read position and age).
+ORIGIN_INDEX_MAX = 200_000
 MAX_SCAN_FOR_INDIVIDUAL_ACKS = 50000      # entries the remote scans to match them
 
 
@@ -85,6 +89,9 @@ class ReplicatedSubscriptionsController:
         self.last_update_applied_ms: dict[str, float] = {}
         self._task: Optional[asyncio.Task] = None
         self.log_prefix = f"[{topic.name}][{local_cluster}]"
+        # (ledger, entry) -> (origin cluster, source ledger, source entry) of recent non-marker
+        # entries, oldest first; plain int tuples (not GC-tracked), bounded by ORIGIN_INDEX_MAX.
+        self._origins: dict[tuple[int, int], tuple[str, int, int]] = {}
 
     def start(self) -> None:
         """Start the snapshot tick task (one ``start_new_snapshot`` per frequency); idempotent."""
@@ -217,17 +224,37 @@ class ReplicatedSubscriptionsController:
         origins = self._acked_origins(subscription, markers.position(snap.local_message_id))
         self.topic.write_marker(markers.update(subscription.name, clusters, origins))
 
+    def note_entry(self, pos: Position, md) -> None:
+        """Record the origin of the entry just stored at ``pos`` (``md``: its
+        MessageMetadata): ``replicated_from`` and its source position, else this
+        cluster and ``pos``; markers are skipped. Keeps the last ORIGIN_INDEX_MAX."""
+        if md.HasField("marker_type"):
+            return
+        if md.HasField("replicated_from"):
+            origin = (md.replicated_from, md.replicated_source_ledger_id, md.replicated_source_entry_id)
+        else:
+            origin = (self.local_cluster, pos.ledger_id, pos.entry_id)
+        index = self._origins
+        index[(pos.ledger_id, pos.entry_id)] = origin
+        if len(index) > ORIGIN_INDEX_MAX:
+            del index[next(iter(index))]
+
     def _acked_origins(self, subscription: "Subscription", after: Position) -> dict[str, list]:
         """Acknowledged entries after ``after`` (the passed snapshot's position), up to
         and beyond the mark-delete position, as origin ranges
-        {origin cluster: [(first, last) source positions]}. Read from the entry cache;
-        uncached entries are left out (they may be redelivered: at-least-once)."""
+        {origin cluster: [(first, last) source positions]}. Origins come from the
+        controller's index of recent entries (``note_entry``), else the entry cache;
+        entries in neither are left out (they may be redelivered: at-least-once)."""
         cursor = subscription.cursor
         ml = cursor.ml
         ids: list[tuple[str, Position]] = []
 
         def add(pos: Position) -> None:
-            """Append the origin (cluster, source position) of the cached, non-marker entry at ``pos``."""
+            """Append the origin (cluster, source position) of the non-marker entry at ``pos``."""
+            known = self._origins.get((pos.ledger_id, pos.entry_id))
+            if known is not None:
+                ids.append((known[0], Position(known[1], known[2])))
+                return
             data = ml.cache.get(pos)
             if data is None:
                 return

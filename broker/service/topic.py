@@ -298,6 +298,8 @@ class PersistentTopic:
                 self.marker_positions.append(pos)
             else:
                 self.last_data_publish_ms = int(time.time() * 1000)
+            if self.controller is not None:
+                self.controller.note_entry(pos, md)
             if check_dedup and self.dedup.record_persisted(producer.name, highest):
                 self._dedup_snapshot(pos)
             if self.write_fenced:
