@@ -39,8 +39,7 @@ with a fresh consumer):
    (on a consumer stream established after the confirmation, or on the same
    stream in a later PIP-84 consumer epoch);
 4. every stored message is eventually delivered to each subscription unless
-   an acknowledgment of it was attempted there.
-
+   an acknowledgment of it was attempted there;
 5. (liveness, final check only) with every process up, each producer still
    open gets a message stored within three attempts of one send timeout each.
 
@@ -83,7 +82,7 @@ and bookie faults.
 
 Profiles (environment variables, read at import):
 
-* bounded CI profile (default): ``MINIPULSAR_DELIVERY_MODEL_EXAMPLES`` (default 3)
+* bounded CI profile (default): ``MINIPULSAR_DELIVERY_MODEL_EXAMPLES`` (default 4)
   examples of ``MINIPULSAR_DELIVERY_MODEL_STEPS_PER_EXAMPLE`` (default 12) steps,
   about 1-2 minutes on 2 cores when green::
 
@@ -152,7 +151,7 @@ if LONG:
     EXAMPLES = int(_env(_P + "EXAMPLES") or max(1, math.ceil(int(_TOTAL_STEPS) / STEPS_PER_EXAMPLE)))
 else:
     STEPS_PER_EXAMPLE = int(_env(_P + "STEPS_PER_EXAMPLE", "12"))
-    EXAMPLES = int(_env(_P + "EXAMPLES", "3"))
+    EXAMPLES = int(_env(_P + "EXAMPLES", "4"))
 SHRINK = _env(_P + "SHRINK", "1") != "0"
 # Known open broker bugs (see the module docstring): the rules that provoke them run only with this set.
 KNOWN_OPEN = _env(_P + "KNOWN_OPEN") == "1"
