@@ -49,43 +49,35 @@ When an example draws ``chunking=True``, the Shared and Key_Shared
 subscriptions have one consumer at a time; with ``chunking=False`` the chunk
 producer sends small messages only and they may have two.
 
-Known open broker bugs this test found (replays in ``model_replays/``, tests
-``test_delivery_model_replay_*`` skipped unless
-``MINIPULSAR_DELIVERY_MODEL_KNOWN_OPEN=1``, which also lets the generated
-examples provoke them):
+Bugs this test found. Fixed (85145b4), their replays in ``model_replays/``
+now run as regression tests (``test_delivery_model_replay_*``):
 
-* an unload does not disconnect Readers (their non-durable subscriptions are
-  not in ``PersistentTopic.subscriptions``): the Reader stays on the closed
-  topic instance, gets no new message, and its dispatcher spins on the
-  closed managed ledger, freezing the broker
-  (``delivery_reader_across_unload.txt``);
-* a topic unloaded while clients attach to it orphans them (the Produce
-  stream registers its disconnect callback only after writing
-  ProducerSuccess; ``BrokerService.get_topic`` hands out an instance closed
+* an unload did not disconnect Readers (their non-durable subscriptions were
+  not in ``PersistentTopic.subscriptions``): the Reader stayed on the closed
+  topic instance, got no new message, and its dispatcher spun on the closed
+  managed ledger, freezing the broker (``delivery_reader_across_unload.txt``);
+* a topic unloaded while clients attached to it orphaned them (the Produce
+  stream registered its disconnect callback only after writing
+  ProducerSuccess; ``BrokerService.get_topic`` handed out an instance closed
   while the caller waited for its load, and ``subscribe`` / ``add_producer``
-  accept a closed topic): producers whose every send times out, and acks
+  accepted a closed topic): producers whose every send timed out, and acks
   confirmed on the orphaned instance lost (delivered again)
   (``delivery_unload_while_clients_attach.txt``);
-* an unload while the managed ledger waits to roll over (a ledger failed for
-  want of bookies) strands the adds that do not fit the ledger the rollover
-  finally creates: ``_rollover`` puts them back in ``_queued``, no new
-  rollover starts because the ledger is closing, and ``close()`` never fails
-  them; their producers' streams wait on them forever (every send times out,
-  no disconnect) (``delivery_unload_during_rollover.txt``).
+* an unload while the managed ledger waited to roll over (a ledger failed for
+  want of bookies) stranded the adds that did not fit the ledger the rollover
+  finally created (``_rollover`` put them back in ``_queued``, no new
+  rollover started because the ledger was closing, and ``close()`` never
+  failed them): their producers' streams waited on them forever
+  (``delivery_unload_during_rollover.txt``).
 
-Known open SDK bug: a Reader created at a chunked message's id with
+Still open (SDK): a Reader created at a chunked message's id with
 ``start_message_id_inclusive=True`` (the ``ChunkMessageId`` a consumer handed
 out) never returns that message: ``ConsumerImpl._subscribe_request`` sends the
 id's own position, the last chunk, instead of its first chunk (Pulsar #16154,
-#23713), so the assembler drops the message (``delivery_reader_at_chunked_id.txt``).
-
-So that the bounded profile stays green on them, unless KNOWN_OPEN Readers
-start "at" a recorded id only for unchunked messages, and the unload
-rule first closes the open Readers, waits until every producer and consumer is
-attached again (+0.3 s) and every send in flight is settled, sends a burst of
-at most 8 messages before it, and never repeats the unload while the clients
-re-attach (``again_s``). Readers are still exercised across broker restarts
-and bookie faults.
+#23713), so the assembler drops the message (``delivery_reader_at_chunked_id.txt``,
+its test skipped unless ``MINIPULSAR_DELIVERY_MODEL_KNOWN_OPEN=1``). So that the
+bounded profile stays green, unless KNOWN_OPEN Readers start "at" a recorded
+id only for unchunked messages.
 
 Profiles (environment variables, read at import):
 
@@ -772,20 +764,12 @@ class DeliveryModel(RuleBasedStateMachine):
         self.log(f"  broker restarted, pid {self.cluster.broker.pid}")
 
     @precondition(lambda self: self.cluster is not None)
-    @rule(sends=BURSTS, again_s=st.sampled_from([None, None, 0.1, 0.15] if KNOWN_OPEN else [None]))
+    @rule(sends=BURSTS, again_s=st.sampled_from([None, None, 0.1, 0.15]))
     @step
     def unload_topic(self, sends, again_s=None):
         """Unload the topic (admin); with ``again_s``, once more as soon as the topic is loaded
         again after that many seconds, i.e. while the clients are re-creating their producers
-        and consumers on it (a bundle bounced between brokers). Unless KNOWN_OPEN, the unload
-        first waits until every client is attached again (see the module docstring)."""
-        if not KNOWN_OPEN:
-            for rh in list(self.readers):  # known open: an unload leaves Readers on the closed topic
-                self.log(f"  closing reader #{rh.rec.number} before the unload (known open bug)")
-                self.run(self._close_reader(rh))
-            self.run(self._wait_clients_attached())
-            self.run(self._wait_inflight_settled())  # known open: adds stranded in a closing ledger
-            sends = min(sends, 8)
+        and consumers on it (a bundle bounced between brokers)."""
         if sends:
             self.run(self._send_burst(sends))
         self.fault("unload_topic")
@@ -793,28 +777,6 @@ class DeliveryModel(RuleBasedStateMachine):
         if again_s is not None:
             time.sleep(again_s)
             self.run(self._unload_when_loaded())
-
-    async def _wait_clients_attached(self, within_s: float = 15.0) -> None:
-        """Until every producer and consumer is connected, then 0.3 s more (the broker's side of
-        a creation finishes after the client got its answer): keeps an unload out of the
-        windows of the known open bugs (module docstring)."""
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            waiting = [s.name for s in self.slots.values() if s.producer is not None and not s.producer.is_connected()]
-            waiting += [h.describe() for hs in self.consumers.values() for h in hs
-                        if not h.consumer.is_connected() and h.consumer._failed() is None]
-            waiting += [f"reader #{rh.rec.number}" for rh in self.readers if not rh.dead and not rh.reader.is_connected()]
-            if not waiting:
-                await asyncio.sleep(0.3)
-                return
-            await asyncio.sleep(0.05)
-        self.note(f"clients still not attached after {within_s} s: {', '.join(waiting)[:300]}")
-
-    async def _wait_inflight_settled(self) -> None:
-        """Until every send in flight is settled (stored, refused or timed out): then the
-        managed ledger holds no queued adds when the unload closes it (module docstring)."""
-        if self.inflight:
-            await asyncio.wait(list(self.inflight), timeout=SEND_TIMEOUT_S + 5)
 
     async def _unload_when_loaded(self, within_s: float = 3.0) -> None:
         deadline = time.monotonic() + within_s
@@ -1180,18 +1142,12 @@ def test_delivery_model_replay(tmp_path):
         print(_totals(DeliveryModel.results), flush=True)
 
 
-@pytest.mark.skipif(not KNOWN_OPEN,
-                    reason="known open broker bugs: a topic unloaded while clients attach to it orphans them "
-                           "(BrokerService.get_topic hands out the closed instance; PersistentTopic.subscribe and "
-                           "add_producer accept a closed topic; the Produce stream registers on_disconnect only "
-                           "after writing ProducerSuccess): producers stuck (every send times out) and acks "
-                           f"confirmed on the orphan lost (delivered again). Set {_P}KNOWN_OPEN=1 to run")
 @pytest.mark.timeout(600)
 def test_delivery_model_replay_unload_while_clients_attach(tmp_path):
     """20 unloads, each repeated as soon as the topic is loaded again (while producers and
-    consumers re-attach), then one round trip. Fails on 167e154: every producer stuck (3 probes
-    in a row time out on a healthy cluster), and 40 messages whose acks were confirmed on the
-    Key_Shared subscription delivered again to the final drain."""
+    consumers re-attach), then one round trip. Failed before 85145b4 (167e154, aabb37d): every
+    producer stuck (3 probes in a row time out on a healthy cluster), and 40-80 messages whose
+    acks were confirmed delivered again to the final drain."""
     DeliveryModel.base_dir = Path(_env(_P + "DIR") or tmp_path)
     DeliveryModel.results = []
     try:
@@ -1200,16 +1156,12 @@ def test_delivery_model_replay_unload_while_clients_attach(tmp_path):
         print(_totals(DeliveryModel.results), flush=True)
 
 
-@pytest.mark.skipif(not KNOWN_OPEN,
-                    reason="known open broker bug: an unload does not disconnect Readers (non-durable subscriptions "
-                           "are not in PersistentTopic.subscriptions): the Reader stays on the closed instance, gets "
-                           "no new message, and its dispatcher then spins on the closed managed ledger, freezing "
-                           f"the broker's event loop. Set {_P}KNOWN_OPEN=1 to run")
 @pytest.mark.timeout(600)
 def test_delivery_model_replay_reader_across_unload(tmp_path):
-    """A Reader reads the topic to its end, the topic is unloaded, more messages are sent. Fails
-    on 167e154: the Reader gets none of them (0 of 34), and the broker stops answering (round
-    trips of 17 s, then every RPC past its deadline) while the Reader's dispatcher spins."""
+    """A Reader reads the topic to its end, the topic is unloaded, more messages are sent. Failed
+    before 85145b4 (167e154, aabb37d): the Reader got none of them (0 of 34), and the broker
+    stopped answering (round trips of 17 s, then every RPC past its deadline) while the
+    Reader's dispatcher spun."""
     DeliveryModel.base_dir = Path(_env(_P + "DIR") or tmp_path)
     DeliveryModel.results = []
     try:
@@ -1218,18 +1170,13 @@ def test_delivery_model_replay_reader_across_unload(tmp_path):
         print(_totals(DeliveryModel.results), flush=True)
 
 
-@pytest.mark.skipif(not KNOWN_OPEN,
-                    reason="known open broker bug: an unload while the managed ledger waits to roll over strands "
-                           "the queued adds that do not fit the new ledger (ManagedLedger._rollover puts them back "
-                           "in _queued, no rollover starts while closing, close() never fails them): producers "
-                           f"stuck forever. Set {_P}KNOWN_OPEN=1 to run")
 @pytest.mark.timeout(600)
 def test_delivery_model_replay_unload_during_rollover(tmp_path):
     """33 steps of a long run (its Reader rules left out): a bookie killed, another paused with
     sends in flight, so the current ledger fails with no spare bookie and the managed ledger waits
-    to create the next one, and unloads meanwhile. Fails on aabb37d (2 of 2): every producer stuck
-    (612 sends time out, 3 probes in a row on the healthy cluster too), the broker never
-    disconnects them."""
+    to create the next one, and unloads meanwhile. Failed before 85145b4 (aabb37d, 2 of 2): every
+    producer stuck (612 sends time out, 3 probes in a row on the healthy cluster too), the
+    broker never disconnected them."""
     DeliveryModel.base_dir = Path(_env(_P + "DIR") or tmp_path)
     DeliveryModel.results = []
     try:
@@ -1247,7 +1194,7 @@ def test_delivery_model_replay_unload_during_rollover(tmp_path):
 def test_delivery_model_replay_reader_at_chunked_id(tmp_path):
     """No fault: 325 messages (13 of them chunked, 2-5 chunks each), an Exclusive consumer receives
     them (its ids of chunked messages are ChunkMessageIds), Readers open at two of those ids
-    (inclusive) and after a third. Fails on e40c0ba: both inclusive Readers miss their first
+    (inclusive) and after a third. Fails on e40c0ba and 042d231: both inclusive Readers miss their first
     message (the chunked one they start at), e.g. "reader #1 from at m-300 (9:6, first chunk
     9:5) ... got [m-301, ...], expected [m-300, m-301, ...]"."""
     DeliveryModel.base_dir = Path(_env(_P + "DIR") or tmp_path)
