@@ -64,6 +64,7 @@ class BrokerLookup:
         self._lt = LoopThread("minipulsar-spark-lookup")
         self._admin = AdminClient(options.service_url, options.operation_timeout_ms / 1000)
         self._client = None   # AsyncClient, created on the loop thread
+        self._subscription_lock: asyncio.Lock | None = None   # created on the loop thread
 
     def _run(self, coro):
         try:
@@ -160,9 +161,10 @@ class BrokerLookup:
         topic = partition_topic_name(tp)
         try:
             if after == EARLIEST:
-                self._run(self._admin.create_subscription(topic, name, "earliest"))
+                self._run(self._serialized(self._admin.create_subscription(topic, name, "earliest")))
             else:
-                self._run(self._admin.create_subscription(topic, name, str(after), is_excluded=True))
+                self._run(self._serialized(self._admin.create_subscription(topic, name, str(after),
+                                                                           is_excluded=True)))
             return True
         except AlreadyExists:
             self.move_subscription(tp, name, after)
@@ -173,14 +175,27 @@ class BrokerLookup:
         acknowledged (Pulsar's resetCursor with isExcluded)."""
         if after == EARLIEST:
             return
-        self._run(self._admin.reset_cursor(partition_topic_name(tp), name, message_id=str(after), is_excluded=True))
+        self._run(self._serialized(self._admin.reset_cursor(partition_topic_name(tp), name, message_id=str(after),
+                                                            is_excluded=True)))
 
     def remove_subscription(self, tp: TopicPartition, name: str) -> None:
         """Delete subscription ``name`` of ``tp``; a missing one is fine."""
         try:
-            self._run(self._admin.unsubscribe(partition_topic_name(tp), name))
+            self._run(self._serialized(self._admin.unsubscribe(partition_topic_name(tp), name)))
         except (TopicNotFound, NotFound):
             pass
+
+    async def _serialized(self, coro):
+        """Run the subscription operation ``coro`` after the ones before it
+        finished.  A call abandoned by its blocking caller (SIGTERM raised
+        ``SystemExit`` in the wait, see ``stream._stop_on_sigterm``) still runs
+        on the loop thread: without this, the ``remove_subscription`` that
+        follows could reach the broker before an abandoned create, and the
+        subscription would outlive the query."""
+        if self._subscription_lock is None:
+            self._subscription_lock = asyncio.Lock()
+        async with self._subscription_lock:
+            return await coro
 
     def local_cluster(self) -> str:
         """The broker's cluster name (admin ``brokers.health``)."""

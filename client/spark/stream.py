@@ -102,6 +102,10 @@ def _stop_on_sigterm() -> None:
         return
 
     def on_term(signum, frame):
+        # Spark sends SIGTERM twice (PythonWorkerFactory.stopWorker, then its
+        # stop() destroys the same simple worker again): the second one must not
+        # cut short the stop() the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
     try:
         signal.signal(signal.SIGTERM, on_term)
@@ -325,12 +329,12 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         driver died (the process that started this one is gone), the durable
         subscriptions are left for the restarted query, holding its data."""
         if self._keeper is not None:
+            _ignore_sigterm()
             if os.getppid() != self._parent_pid:
                 log.warning("the Spark driver is gone: keeping the durable subscription %s for the restarted "
                             "query; without a restart remove it with: minipulsar-admin topics unsubscribe TOPIC -s %s",
                             self._keeper.name, self._keeper.name)
             else:
-                _ignore_sigterm()
                 self._keeper.remove()
             self._keeper = None
         if self._lookup is not None:
