@@ -11,8 +11,8 @@ from typing import Optional
 import grpc
 
 from broker.ledger.position import Position
-from client.errors import PulsarException, to_status
-from client.topic_name import TopicName
+from proto.errors import PulsarException, to_status
+from proto.topic_name import TopicName
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
 
@@ -22,7 +22,6 @@ from .service.consumer import Consumer, ConsumerWriter
 from .service.errors import InvalidArgument, ServiceNotReady
 from .service.resources import check_subscription_name
 from .service.seek import find_position_by_publish_time
-from .service.topic import DUP_POSITION
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ import uuid
 from typing import TYPE_CHECKING, Optional
 
 from broker.ledger.position import Entry, Position
-from client.entry_format import peek_metadata
-from client.errors import CorruptedMessage
+from proto.entry_format import peek_metadata
+from proto.errors import CorruptedMessage
 
 from . import markers
 from .snapshot import SnapshotBuilder

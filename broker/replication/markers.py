@@ -12,7 +12,7 @@ import time
 from typing import Optional
 
 from broker.ledger.position import Position
-from client.entry_format import decode_entry, encode_entry
+from proto.entry_format import decode_entry, encode_entry
 from proto import pulsar_api_pb2 as api
 
 MARKER_PRODUCER = "pulsar.marker"

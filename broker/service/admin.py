@@ -11,7 +11,7 @@ import json
 from typing import Any, Awaitable, Callable, Optional
 
 from broker.ledger.position import Position
-from client.topic_name import TopicName
+from proto.topic_name import TopicName
 
 from .broker_service import BrokerService
 from .errors import InvalidArgument, NotFound
@@ -71,8 +71,8 @@ def _check_subscription(key: str, value: str) -> None:
 
 
 def _check_service_url(key: str, value: str) -> None:
-    from client.connection import parse_service_url
-    from client.errors import InvalidConfiguration
+    from proto.service_url import parse_service_url
+    from proto.errors import InvalidConfiguration
     try:
         parse_service_url(value)
     except InvalidConfiguration as exc:

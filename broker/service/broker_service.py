@@ -11,8 +11,8 @@ from bookie.client import BookKeeper
 from broker.config import BrokerConfig
 from broker.ledger.managed_ledger import ManagedLedgerFactory
 from broker.metadata import MetadataStore
-from client.errors import NotAllowed, TopicNotFound
-from client.topic_name import TopicName
+from proto.errors import NotAllowed, TopicNotFound
+from proto.topic_name import TopicName
 
 from .errors import NotFound, ServiceNotReady
 from .resources import Policies, Resources

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from broker.ledger.batch_index import MAX_BATCH_SIZE
 from broker.ledger.position import Entry, Position
-from client.entry_format import peek_metadata
-from client.errors import CorruptedMessage
-from client.routing import murmur3_32_hash
+from proto.entry_format import peek_metadata
+from proto.errors import CorruptedMessage
+from proto.hashing import murmur3_32_hash
 
 from .consumer import Consumer, DispatchItem
 

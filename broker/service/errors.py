@@ -3,6 +3,6 @@ hierarchy; the gRPC edge sends these with ``to_status`` as
 ``"ClassName: message"`` and the client restores the class by name."""
 from __future__ import annotations
 
-from client.errors import AlreadyExists, InvalidArgument, NotFound, PreconditionFailed, ServiceNotReady
+from proto.errors import AlreadyExists, InvalidArgument, NotFound, PreconditionFailed, ServiceNotReady
 
 __all__ = ["AlreadyExists", "InvalidArgument", "NotFound", "PreconditionFailed", "ServiceNotReady"]

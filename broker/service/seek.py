@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from broker.ledger.managed_ledger import ManagedLedger
 from broker.ledger.position import Position
-from client.entry_format import peek_metadata
-from client.errors import CorruptedMessage
+from proto.entry_format import peek_metadata
+from proto.errors import CorruptedMessage
 
 
 async def find_position_by_publish_time(ml: ManagedLedger, timestamp_ms: int) -> Position:

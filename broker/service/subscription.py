@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Awaitable, Iterable, Optional, Sequence
 
 from broker.ledger.managed_cursor import InvalidCursorPosition, InvalidMarkDeletePosition, ManagedCursor
 from broker.ledger.position import Entry, Position
-from client.entry_format import peek_metadata
-from client.errors import ConsumerBusy, CorruptedMessage, NotAllowed
+from proto.entry_format import peek_metadata
+from proto.errors import ConsumerBusy, CorruptedMessage, NotAllowed
 from proto import broker_pb2 as pb
 
 from .consumer import Consumer

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Optional
 
 from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError
 from broker.ledger.position import Position
-from client.entry_format import peek_metadata, verify_checksum
-from client.errors import CorruptedMessage, MessageTooBig, ProducerBusy
-from client.topic_name import TopicName
+from proto.entry_format import peek_metadata, verify_checksum
+from proto.errors import CorruptedMessage, MessageTooBig, ProducerBusy
+from proto.topic_name import TopicName
 from proto import broker_pb2 as pb
 
 from .consumer import Consumer
