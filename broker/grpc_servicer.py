@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # The Produce stream yields to the event loop after this many sends of one frame.
 YIELD_EVERY_SENDS = 256
+# At most this many receipts (or errors) in one ProducerResponse frame.
+ANSWERS_PER_FRAME = 1024
 
 
 async def abort_with(context, exc: BaseException):
@@ -105,7 +107,9 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     try:
                         pending.append((send, topic.publish(producer, send)))
                     except Exception as exc:
-                        pending.append((send, exc))
+                        # Without its traceback: a frame of 100,000 bad sends would keep 100,000
+                        # tracebacks (and their frames) alive until answered, for the GC to walk.
+                        pending.append((send, exc.with_traceback(None)))
                         producer.failed = producer.is_replicator or getattr(exc, "retriable", False)
                 signal()
 
@@ -142,7 +146,23 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     finally:
                         wake[0] = None
                     continue
-                receipts = []
+                # Answers go out in send order: consecutive receipts in one ReceiptBatch,
+                # consecutive non-retriable errors in one SendErrorBatch (up to
+                # ANSWERS_PER_FRAME each), so a frame of many bad sends costs a few writes.
+                receipts: list = []
+                errors: list = []
+
+                async def flush() -> None:
+                    nonlocal receipts, errors
+                    if receipts:
+                        await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+                        receipts = []
+                    if len(errors) == 1:
+                        await context.write(pb.ProducerResponse(send_error=errors[0]))
+                    elif errors:
+                        await context.write(pb.ProducerResponse(send_errors=pb.SendErrorBatch(errors=errors)))
+                    errors = []
+
                 while pending:
                     send, item = pending[0]
                     if isinstance(item, asyncio.Future):
@@ -153,29 +173,32 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                         exc = item
                     pending.popleft()
                     if send is None:                   # disconnect() after everything before it
-                        if receipts:
-                            await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+                        await flush()
                         await abort_with(context, exc)
                         return
                     if exc is None:
+                        if errors:
+                            await flush()
                         pos = item.result()
                         receipts.append(pb.SendReceipt(
                             sequence_id=send.sequence_id, highest_sequence_id=send.highest_sequence_id,
                             message_id=pb.Position(ledger_id=pos.ledger_id, entry_id=pos.entry_id)))
+                        if len(receipts) >= ANSWERS_PER_FRAME:
+                            await flush()
                         continue
                     if receipts:
-                        await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
-                        receipts = []
+                        await flush()
                     _, details = to_status(exc)
                     name, _, message = details.partition(": ")
-                    await context.write(pb.ProducerResponse(send_error=pb.SendError(
-                        sequence_id=send.sequence_id, error=name, message=message)))
+                    errors.append(pb.SendError(sequence_id=send.sequence_id, error=name, message=message))
                     if getattr(exc, "retriable", False) or producer.is_replicator:
                         # Keep the order: the client reconnects and resends from this message on.
+                        await flush()
                         await abort_with(context, exc)
                         return
-                if receipts:
-                    await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+                    if len(errors) >= ANSWERS_PER_FRAME:
+                        await flush()
+                await flush()
         finally:
             reader_task.cancel()
 

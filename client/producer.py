@@ -405,6 +405,9 @@ class Producer:
                     self._on_receipt(r)
             elif kind == "send_error":
                 self._on_send_error(resp.send_error)
+            elif kind == "send_errors":
+                for e in resp.send_errors.errors:
+                    self._on_send_error(e)
 
     def _on_receipt(self, r: pb.SendReceipt) -> None:
         seq, highest = _signed(r.sequence_id), _signed(r.highest_sequence_id)

@@ -234,9 +234,10 @@ class Replicator:
                     resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise ConnectionError("remote closed the replicator stream")
-                    if resp.HasField("send_error"):
-                        raise ConnectionError(f"remote refused entry with sequence id {resp.send_error.sequence_id}: "
-                                              f"{resp.send_error.error}: {resp.send_error.message}")
+                    if resp.HasField("send_error") or resp.HasField("send_errors"):
+                        e = resp.send_error if resp.HasField("send_error") else resp.send_errors.errors[0]
+                        raise ConnectionError(f"remote refused entry with sequence id {e.sequence_id}: "
+                                              f"{e.error}: {e.message}")
                     done = []
                     for r in resp.receipts.receipts:
                         pos, _ = in_flight.popleft()

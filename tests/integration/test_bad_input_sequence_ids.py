@@ -31,7 +31,8 @@ async def _produce(stub, topic: str, name: str, sends: list[pb.Send]) -> tuple[p
         while len(answers) < len(sends):
             resp = await call.read()
             kind = resp.WhichOneof("response")
-            answers += list(resp.receipts.receipts) if kind == "receipts" else [resp.send_error]
+            answers += (list(resp.receipts.receipts) if kind == "receipts" else
+                        list(resp.send_errors.errors) if kind == "send_errors" else [resp.send_error])
     await call.done_writing()
     while await call.read() is not grpc.aio.EOF:
         pass

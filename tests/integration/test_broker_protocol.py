@@ -44,6 +44,8 @@ async def produce(stub, topic, sends, name="p1"):
         resp = await call.read()
         if resp.HasField("receipts"):
             out.extend(resp.receipts.receipts)
+        elif resp.HasField("send_errors"):     # consecutive refused sends, in order
+            out.extend(resp.send_errors.errors)
         else:
             out.append(resp.send_error)
     await call.done_writing()

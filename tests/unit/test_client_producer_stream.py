@@ -53,7 +53,7 @@ class ScriptedBroker(broker_pb2_grpc.PulsarBrokerServicer):
             if req is grpc.aio.EOF:
                 return
             self.frames[conn].append(len(req.sends.sends))
-            receipts = []
+            receipts, errors = [], []    # like the broker: consecutive errors in one SendErrorBatch
             for send in req.sends.sends:
                 decode_entry(send.headers_and_payload)
                 self.seqs[conn].append(send.sequence_id)
@@ -62,11 +62,12 @@ class ScriptedBroker(broker_pb2_grpc.PulsarBrokerServicer):
                     if receipts:
                         await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
                         receipts = []
-                    await context.write(pb.ProducerResponse(send_error=pb.SendError(
-                        sequence_id=send.sequence_id, error=rule[1], message="scripted")))
+                    errors.append(pb.SendError(sequence_id=send.sequence_id, error=rule[1], message="scripted"))
                     if rule[1] == "ServiceNotReady":
+                        await self._write_errors(context, errors)
                         await context.abort(grpc.StatusCode.UNAVAILABLE, "ServiceNotReady: scripted")
                     continue
+                await self._write_errors(context, errors)
                 if rule and rule[0] == "dup":
                     pos = pb.Position(ledger_id=-1, entry_id=-1)
                 else:
@@ -74,8 +75,17 @@ class ScriptedBroker(broker_pb2_grpc.PulsarBrokerServicer):
                     self.entry += 1
                 receipts.append(pb.SendReceipt(sequence_id=send.sequence_id,
                                                highest_sequence_id=send.highest_sequence_id, message_id=pos))
+            await self._write_errors(context, errors)
             if receipts:
                 await context.write(pb.ProducerResponse(receipts=pb.ReceiptBatch(receipts=receipts)))
+
+    @staticmethod
+    async def _write_errors(context, errors: list) -> None:
+        if len(errors) == 1:
+            await context.write(pb.ProducerResponse(send_error=errors[0]))
+        elif errors:
+            await context.write(pb.ProducerResponse(send_errors=pb.SendErrorBatch(errors=errors)))
+        errors.clear()
 
 
 @pytest.fixture
@@ -110,6 +120,18 @@ async def test_non_retriable_send_error_fails_only_that_message(broker):
         assert isinstance(results[1], ChecksumError)
         assert isinstance(results[0], MessageId) and isinstance(results[2], MessageId)
         assert broker.connections == 1
+
+
+async def test_a_batch_of_send_errors_fails_each_of_its_messages_and_only_those(broker):
+    for seq in (1, 2, 3):
+        broker.rules[(0, seq)] = ("error", "ChecksumError" if seq != 2 else "MessageTooBig")
+    async with AsyncClient(broker.url, operation_timeout_seconds=5) as client:
+        p = await client.create_producer("t", batching_enabled=False)
+        results = await asyncio.gather(*(p.send(b"%d" % i) for i in range(5)), return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["MessageId", "ChecksumError", "MessageTooBig",
+                                                       "ChecksumError", "MessageId"]
+        assert broker.connections == 1
+        assert await p.send(b"after") == MessageId(1, 2)
 
 
 async def test_duplicate_receipt_gives_minus_one_ids(broker):
