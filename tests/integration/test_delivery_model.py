@@ -81,7 +81,7 @@ id only for unchunked messages.
 
 Profiles (environment variables, read at import):
 
-* bounded CI profile (default): ``MINIPULSAR_DELIVERY_MODEL_EXAMPLES`` (default 4)
+* bounded CI profile (default): ``MINIPULSAR_DELIVERY_MODEL_EXAMPLES`` (default 3)
   examples of ``MINIPULSAR_DELIVERY_MODEL_STEPS_PER_EXAMPLE`` (default 12) steps,
   about 1-2 minutes on 2 cores when green::
 
@@ -150,7 +150,7 @@ if LONG:
     EXAMPLES = int(_env(_P + "EXAMPLES") or max(1, math.ceil(int(_TOTAL_STEPS) / STEPS_PER_EXAMPLE)))
 else:
     STEPS_PER_EXAMPLE = int(_env(_P + "STEPS_PER_EXAMPLE", "12"))
-    EXAMPLES = int(_env(_P + "EXAMPLES", "4"))
+    EXAMPLES = int(_env(_P + "EXAMPLES", "3"))
 SHRINK = _env(_P + "SHRINK", "1") != "0"
 # Known open broker bugs (see the module docstring): the rules that provoke them run only with this set.
 KNOWN_OPEN = _env(_P + "KNOWN_OPEN") == "1"
