@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from bookie import storage as st
 from proto import bookie_pb2, bookie_pb2_grpc
 from proto.common import GRPC_MAX_MESSAGE_BYTES
+from proto.frame_errors import InvalidFrameInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -437,7 +438,9 @@ class BookieServer:
         """Bind, open the storage (lock, cookie check), measure the disk once, serve, start the
         disk monitor. Raises RuntimeError (port not bindable), InvalidCookieError, DataDirInUse;
         on any failure nothing is left serving."""
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        # AddEntry decodes its own stream: it answers the adds read before a bad frame first.
+        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[
+            InvalidFrameInterceptor(own_decoding={"/minipulsar.bookie.Bookie/AddEntry"})])
         self._servicer = BookieServicer(self.storage, self.config)
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
         target = f"{self.config.host}:{self.config.port}"

@@ -13,6 +13,7 @@ from broker.config import BrokerConfig
 from broker.metadata import SqliteMetadataStore
 from proto import broker_pb2_grpc
 from proto.common import grpc_message_size_options
+from proto.frame_errors import InvalidFrameInterceptor
 
 from .grpc_servicer import PulsarBrokerServicer
 from .metrics import start_metrics_server
@@ -70,7 +71,7 @@ class BrokerServer:
         self.metadata = await SqliteMetadataStore.open(os.path.join(c.data_dir, "metadata.db"))
         self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024,
                              add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds)
-        self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[InvalidFrameInterceptor()])
         self.port = self._server.add_insecure_port(f"{c.bind_address}:{c.broker_service_port}")
         if not self.port:
             raise OSError(f"cannot bind the broker port {c.bind_address}:{c.broker_service_port} (in use?)")
