@@ -33,6 +33,9 @@ class BrokerConfig(ManagedLedgerSettings):
     broker_deduplication_enabled: bool = False
     broker_deduplication_entries_interval: int = 1000               # entries between dedup snapshots
     max_message_size: int = 5 * 1024 * 1024                         # bytes
+    # bytes of an Admin request's JSON body (Pulsar's httpMaxRequestSize, there -1 = unlimited): a
+    # multi-megabyte body held the event loop while it was parsed; no admin verb needs 1 MiB
+    http_max_request_size: int = 1024 * 1024
     dispatcher_max_read_batch_size: int = 100                       # entries per cursor read
     max_unacked_messages_per_consumer: int = 50000
     enable_fault_injection: bool = False                            # tests: admin topics.inject_send_failure
@@ -192,6 +195,7 @@ _NAME = re.compile(r"[-=:.\w]+")       # as tenant/namespace/cluster names (brok
 _MIN_VALUES: dict[str, float] = {
     "broker_deduplication_entries_interval": 1,
     "max_message_size": 1,
+    "http_max_request_size": 1024,
     "dispatcher_max_read_batch_size": 1,
     "max_unacked_messages_per_consumer": 0,               # 0 = unlimited (Pulsar)
     "replication_policy_check_duration_seconds": 1,

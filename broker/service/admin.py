@@ -135,11 +135,16 @@ def check_body(method: str, body: dict) -> dict:
 
 async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
     """Run one admin verb; returns the JSON answer. Raises InvalidArgument for an
-    unknown verb, malformed JSON or a body that does not fit the verb's fields
+    unknown verb, a body over ``http_max_request_size`` bytes (checked before it
+    is parsed), malformed JSON or a body that does not fit the verb's fields
     (:func:`check_body`), and the handler's errors."""
     if not isinstance(method, str) or method not in HANDLERS:
         raise InvalidArgument(f"unknown admin method {method!r}; known: {', '.join(sorted(HANDLERS))}")
     handler = HANDLERS[method]
+    limit = service.config.http_max_request_size
+    if len(body_json) > limit:
+        raise InvalidArgument(f"{method}: the request body has {len(body_json):,} characters, over "
+                              f"http_max_request_size={limit:,} bytes; send a smaller request")
     try:
         body = json.loads(body_json) if body_json else {}
     except (json.JSONDecodeError, RecursionError) as exc:
