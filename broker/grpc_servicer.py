@@ -212,7 +212,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             await abort_with(context, InvalidArgument("subscription name is empty"))
         writer = ConsumerWriter()
         consumer = Consumer(sub.consumer_name or f"consumer-{id(writer) & 0xffffff:x}", sub.priority_level,
-                            writer.send, self.service.config.max_unacked_messages_per_consumer)
+                            writer.send, self.service.config.max_unacked_messages_per_consumer, writer=writer)
         consumer.on_disconnect = writer.close
         try:
             check_subscription_name(sub.subscription)

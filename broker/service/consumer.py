@@ -59,15 +59,15 @@ class Consumer:
     :data:`MAX_PERMITS`; dispatch subtracts the entry's message count).
     ``pending_acks``: position -> message count of every entry pushed and not
     acknowledged yet. ``send`` queues a ConsumerResponse on the consumer's
-    stream (never blocks); when ``send`` is a :class:`ConsumerWriter`'s
-    ``send``, the consumer follows that writer's writability (no permits while
+    stream (never blocks); given the :class:`ConsumerWriter` behind ``send``
+    as ``writer``, the consumer follows that writer's writability (no permits while
     it is over its high-water mark) and calls ``on_writable`` (set by the
     subscription: wakes its dispatcher) once it drained. ``epoch``: PIP-84
     consumer epoch, put on every MessageBatch (see ``set_epoch``).
     """
 
     def __init__(self, name: str, priority_level: int, send: Callable[[pb.ConsumerResponse], None],
-                 max_unacked_messages: int = 50000):
+                 max_unacked_messages: int = 50000, writer: Optional["ConsumerWriter"] = None):
         self.consumer_id = next(_ids)
         self.name = name
         self.priority_level = priority_level
@@ -88,8 +88,7 @@ class Consumer:
         self.epoch = 0
         self.on_disconnect: Optional[Callable[[], None]] = None   # set by the transport: ends the stream
         self.on_writable: Optional[Callable[[], None]] = None     # set by the subscription: wakes dispatch
-        owner = getattr(send, "__self__", None)
-        self.writer: Optional[ConsumerWriter] = owner if isinstance(owner, ConsumerWriter) else None
+        self.writer = writer
         if self.writer is not None:
             self.writer.on_writable = self._writable_again
         self._ordered: collections.deque = collections.deque()

@@ -81,7 +81,7 @@ def _frame(nbytes: int) -> pb.ConsumerResponse:
 async def test_writer_water_marks_and_wakeup():
     w = ConsumerWriter(high_water=1000, low_water=300)
     woken = []
-    consumer = Consumer("c", 0, w.send)
+    consumer = Consumer("c", 0, w.send, writer=w)
     consumer.on_writable = lambda: woken.append(True)
     consumer.add_permits(10)
     assert consumer.writer is w and consumer.writable and consumer.available_permits() == 10
