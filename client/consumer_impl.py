@@ -52,6 +52,18 @@ def random_consumer_name() -> str:
     return "".join(random.choices(string.ascii_lowercase, k=5))
 
 
+def first_chunk_of(mid: MessageId | None, partition: int) -> MessageId | None:
+    """Where a start or seek "at" ``mid`` (inclusive) begins: for a chunked
+    message's id (``ChunkMessageId``, whose position is its last chunk's) the
+    first chunk's entry, so the whole message is read again (Pulsar #16154,
+    apache/pulsar#16154's fix of ConsumerImpl's startMessageId); any other id
+    unchanged."""
+    first = getattr(mid, "first_chunk_message_id", None)
+    if first is None or (first.ledger_id, first.entry_id) == (mid.ledger_id, mid.entry_id):
+        return mid
+    return MessageId(first.ledger_id, first.entry_id, partition)
+
+
 def _position(mid: MessageId) -> pb.Position:
     return pb.Position(ledger_id=mid.ledger_id, entry_id=mid.entry_id)
 
@@ -84,6 +96,8 @@ class ConsumerImpl:
         self.queue = queue if queue is not None else ReceiverQueue()
         self._owns_queue = queue is None
         self.durable = durable
+        if start_inclusive:
+            start_message_id = first_chunk_of(start_message_id, partition)
         self._start_id = start_message_id
         self._start_inclusive = start_inclusive
         self.last_dequeued: MessageId | None = None
@@ -671,6 +685,7 @@ class ConsumerImpl:
         next one) or to publish time ``target`` (ms).  Pending acks are flushed
         first; queued messages, trackers and chunks are dropped after."""
         if isinstance(target, MessageId):
+            target = first_chunk_of(target, self.partition)    # the chunked message is the next one
             seek = pb.Seek(message_id=_position(target))
             start_filter = (StartFilter(target.ledger_id, target.entry_id, target.batch_index)
                             if target.batch_index > 0 else None)

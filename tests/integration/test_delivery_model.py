@@ -49,7 +49,7 @@ When an example draws ``chunking=True``, the Shared and Key_Shared
 subscriptions have one consumer at a time; with ``chunking=False`` the chunk
 producer sends small messages only and they may have two.
 
-Bugs this test found. Fixed (85145b4), their replays in ``model_replays/``
+Bugs this test found. Fixed (85145b4 for the broker's three), their replays in ``model_replays/``
 now run as regression tests (``test_delivery_model_replay_*``):
 
 * an unload did not disconnect Readers (their non-durable subscriptions were
@@ -68,16 +68,14 @@ now run as regression tests (``test_delivery_model_replay_*``):
   finally created (``_rollover`` put them back in ``_queued``, no new
   rollover started because the ledger was closing, and ``close()`` never
   failed them): their producers' streams waited on them forever
-  (``delivery_unload_during_rollover.txt``).
-
-Still open (SDK): a Reader created at a chunked message's id with
-``start_message_id_inclusive=True`` (the ``ChunkMessageId`` a consumer handed
-out) never returns that message: ``ConsumerImpl._subscribe_request`` sends the
-id's own position, the last chunk, instead of its first chunk (Pulsar #16154,
-#23713), so the assembler drops the message (``delivery_reader_at_chunked_id.txt``,
-its test skipped unless ``MINIPULSAR_DELIVERY_MODEL_KNOWN_OPEN=1``). So that the
-bounded profile stays green, unless KNOWN_OPEN Readers start "at" a recorded
-id only for unchunked messages.
+  (``delivery_unload_during_rollover.txt``);
+* a Reader created at a chunked message's id with
+  ``start_message_id_inclusive=True`` (the ``ChunkMessageId`` a consumer
+  handed out) never returned that message: the SDK sent the id's own
+  position, the last chunk, instead of its first chunk (Pulsar #16154,
+  #23713), so the assembler dropped the message
+  (``delivery_reader_at_chunked_id.txt``); fixed in ``client.consumer_impl``
+  (``first_chunk_of``, for seeks too).
 
 Profiles (environment variables, read at import):
 
@@ -153,7 +151,6 @@ else:
     EXAMPLES = int(_env(_P + "EXAMPLES", "3"))
 SHRINK = _env(_P + "SHRINK", "1") != "0"
 # Known open broker bugs (see the module docstring): the rules that provoke them run only with this set.
-KNOWN_OPEN = _env(_P + "KNOWN_OPEN") == "1"
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if SHRINK else [])
 
 settings.register_profile(
@@ -509,8 +506,6 @@ class DeliveryModel(RuleBasedStateMachine):
         start_id, start_pid = MessageId.earliest, None
         if start != "earliest":
             choices = [r for r in self.recorded_ids if start == "after" or r[2]]
-            if start == "at" and not KNOWN_OPEN:  # known open: a Reader "at" a chunked message skips it
-                choices = [r for r in choices if not getattr(r[1], "chunk_message_ids", ())]
             chunked = [r for r in choices if getattr(r[1], "chunk_message_ids", ())]
             if chunked and pick % 2 == 0:  # chunked ids are rare among the recorded ones: draw them half the time
                 choices = chunked
@@ -1185,17 +1180,12 @@ def test_delivery_model_replay_unload_during_rollover(tmp_path):
         print(_totals(DeliveryModel.results), flush=True)
 
 
-@pytest.mark.skipif(not KNOWN_OPEN,
-                    reason="known open SDK bug: a Reader created at a ChunkMessageId with start_message_id_inclusive "
-                           "starts at the message's last chunk (ConsumerImpl._subscribe_request sends the id's own "
-                           "position, not first_chunk_message_id; Pulsar #16154) and never returns that message. "
-                           f"Set {_P}KNOWN_OPEN=1 to run")
 @pytest.mark.timeout(300)
 def test_delivery_model_replay_reader_at_chunked_id(tmp_path):
     """No fault: 325 messages (13 of them chunked, 2-5 chunks each), an Exclusive consumer receives
     them (its ids of chunked messages are ChunkMessageIds), Readers open at two of those ids
-    (inclusive) and after a third. Fails on e40c0ba and 042d231: both inclusive Readers miss their first
-    message (the chunked one they start at), e.g. "reader #1 from at m-300 (9:6, first chunk
+    (inclusive) and after a third. Failed before first_chunk_of: both inclusive Readers missed their
+    first message (the chunked one they start at), e.g. "reader #1 from at m-300 (9:6, first chunk
     9:5) ... got [m-301, ...], expected [m-300, m-301, ...]"."""
     DeliveryModel.base_dir = Path(_env(_P + "DIR") or tmp_path)
     DeliveryModel.results = []

@@ -115,3 +115,19 @@ def test_entry_id_only_and_is_batched():
     mid = MessageId(4, 5, 1, 2, 3)
     assert mid.is_batched and not mid.entry_id_only().is_batched
     assert mid.entry_id_only() == MessageId(4, 5, 1)
+
+
+def test_an_inclusive_start_at_a_chunked_message_begins_at_its_first_chunk():
+    """Pulsar #16154: a Reader or seek "at" a ChunkMessageId (whose position is its
+    last chunk's) must begin at the first chunk, or the message is never read."""
+    from client.consumer_impl import first_chunk_of
+    from client.message_id import ChunkMessageId
+    first = MessageId(9, 5, 2)
+    chunked = ChunkMessageId(9, 8, 2, first_chunk_message_id=first,
+                             chunk_message_ids=(first, MessageId(9, 7, 2), MessageId(9, 8, 2)))
+    assert first_chunk_of(chunked, 2) == MessageId(9, 5, 2)
+    plain = MessageId(9, 8, 2)
+    assert first_chunk_of(plain, 2) is plain
+    one_chunk = ChunkMessageId(9, 8, 2, first_chunk_message_id=MessageId(9, 8, 2))
+    assert first_chunk_of(one_chunk, 2) is one_chunk
+    assert first_chunk_of(None, 2) is None
