@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Optional
 from crc32c import crc32c as _crc32c
 
 from proto import bookie_pb2 as pb
+from proto import metadata_pb2
 
+from .connection import STATUS_UNAVAILABLE, _status_error, _status_name
 from .errors import BKException, BookieUnavailableError, NoSuchEntryError, NoSuchLedgerError
 from .ledger_handle import LedgerHandle, LedgerState, _has_quorum_coverage, ledger_path
 
@@ -30,6 +32,8 @@ RECOVERY_MAX_CHUNK_ENTRIES = 2048
 # Recovery reads that must decide "present / absent" (a fast range read failed)
 # read this many entries concurrently, each from its whole write set.
 RECOVERY_STRICT_WINDOW = 16
+# Refusals of a recovery add that another bookie would give too: no ensemble change helps.
+_RECOVERY_FATAL_STATUSES = frozenset((pb.E_UNAUTHORIZED_ACCESS, pb.E_ENTRY_TOO_LARGE))
 
 
 class LedgerRecoveryOp:
@@ -60,11 +64,19 @@ class LedgerRecoveryOp:
         3. LAC = max(LAC the fenced bookies report, last fragment's first entry - 1)
            (BOOKKEEPER #2615).
         4. Read forward from LAC+1: an entry any bookie returns is written back to
-           Qa bookies of its write set (else BookieUnavailableError); an entry is
-           absent only when Qw-Qa+1 bookies of its write set answer "no such
-           entry / ledger" -- then the ledger ends before it. If neither can be
-           decided (bookies unreachable or failing), BookieUnavailableError.
-        5. Metadata -> CLOSED at the last entry written back.
+           Qa bookies of its write set; an entry is absent only when Qw-Qa+1
+           bookies of its write set answer "no such entry / ledger" -- then the
+           ledger ends before it. If neither can be decided (bookies unreachable
+           or failing), BookieUnavailableError. A bookie that fails a recovery
+           add is replaced by a spare from the first entry that missed its ack
+           quorum on, and the entries from there are written again (an ensemble
+           change during recovery, as BookKeeper's ReadOnlyLedgerHandle does):
+           kept in a local copy of the metadata until the close, while the
+           reads keep the fragments the ledger had (a spare knows none of the
+           entries still to read, and its "no such entry" must not end the
+           ledger). No spare: BookieUnavailableError, the ledger stays IN_RECOVERY.
+        5. Metadata -> CLOSED at the last entry written back, with the
+           recovery's ensemble changes.
         """
         md.state = LedgerState.IN_RECOVERY
         version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=version)
@@ -85,6 +97,8 @@ class LedgerRecoveryOp:
         lac = max(reported_lac, last_frag.first_entry_id - 1)
         handle = LedgerHandle(self.bk, ledger_id, md, version, writable=False)
         handle.last_add_confirmed = lac
+        write_md = metadata_pb2.LedgerMetadata()
+        write_md.CopyFrom(md)            # the recovery's ensemble changes, written at the close
         # Entries up to the LAC are known to be at Qa; entries above it are read
         # forward and written back until one is absent. The LAC the writer
         # piggy-backs lags by its whole pipeline (thousands of entries under
@@ -107,7 +121,7 @@ class LedgerRecoveryOp:
                              "one by one from their write sets", ledger_id, entry, end, exc)
                     payloads = None
                 if payloads is not None:
-                    await self._write_back_many(handle, entry, payloads)
+                    await self._write_back_many(handle, write_md, entry, payloads)
                     handle.last_add_confirmed = end
                     written_back += len(payloads)
                     entry = end + 1
@@ -121,19 +135,22 @@ class LedgerRecoveryOp:
                 window_end = min(end, entry + RECOVERY_STRICT_WINDOW - 1)
                 payloads, absent = await self._recovery_read_window(handle, entry, window_end)
                 if payloads:
-                    await self._write_back_many(handle, entry, payloads)
+                    await self._write_back_many(handle, write_md, entry, payloads)
                     handle.last_add_confirmed = entry + len(payloads) - 1
                     written_back += len(payloads)
                     entry += len(payloads)
             if absent:
                 break
-        md.state = LedgerState.CLOSED
-        md.last_entry_id = handle.last_add_confirmed
-        version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=version)
+        write_md.state = LedgerState.CLOSED
+        write_md.last_entry_id = handle.last_add_confirmed
+        version = await self.metadata.put(ledger_path(ledger_id), write_md.SerializeToString(),
+                                          expected_version=version)
         handle._version = version
-        handle.metadata = md
-        log.info("ledger %d recovered: closed at entry %d (bookies' LAC %d, floor %d, %d entries written back)",
-                 ledger_id, md.last_entry_id, reported_lac, last_frag.first_entry_id - 1, written_back)
+        handle.metadata = write_md
+        log.info("ledger %d recovered: closed at entry %d (bookies' LAC %d, floor %d, %d entries written back%s)",
+                 ledger_id, write_md.last_entry_id, reported_lac, last_frag.first_entry_id - 1, written_back,
+                 f", ensemble now {list(write_md.fragments[-1].ensemble)}"
+                 if list(write_md.fragments[-1].ensemble) != ensemble else "")
         return handle
 
     async def _recovery_read_window(self, handle: LedgerHandle, first: int,
@@ -189,32 +206,86 @@ class LedgerRecoveryOp:
             f"ledger {handle.ledger_id}: recovery cannot tell whether entry {entry_id} exists: {negatives} of "
             f"write set {ws} answered 'no such entry', {need} needed; {'; '.join(errors)}")
 
-    async def _write_back(self, handle: LedgerHandle, entry_id: int, payload: bytes) -> None:
-        await self._write_back_many(handle, entry_id, [payload])
+    async def _write_back_many(self, handle: LedgerHandle, write_md, first: int, payloads: list[bytes]) -> None:
+        """Write entries ``first, first+1, ...`` back (recovery adds, pipelined) to their
+        write sets in ``write_md``; a bookie that fails one is replaced (``_replace``)
+        and the entries from the first one short of Qa are written again. Raises
+        BookieUnavailableError when no spare is left, LedgerFencedError-like
+        ``BKException``s for a refusal no other bookie changes (wrong key, too large)."""
+        start = first
+        for _ in range(len(self.bk.bookies) + 1):
+            results = await self._recovery_adds(handle, write_md, start, payloads[start - first:])
+            short = sorted(e for e, answers in results.items()
+                           if sum(1 for _, status, _ in answers if status == pb.EOK) < write_md.ack_quorum_size)
+            if not short:
+                return
+            x = short[0]
+            for address, status, message in results[x]:
+                if status in _RECOVERY_FATAL_STATUSES:
+                    raise _status_error(status, f"recovery write-back of entry {x} to {address}: {message}",
+                                        handle.ledger_id)
+            failed = {address: (message if status == STATUS_UNAVAILABLE else f"{_status_name(status)}: {message}")
+                      for e, answers in results.items() if e >= x
+                      for address, status, message in answers if status != pb.EOK}
+            self._replace(handle.ledger_id, write_md, x, failed)
+            start = x
+        raise BookieUnavailableError(f"ledger {handle.ledger_id}: recovery write-back from entry {start} failed on "
+                                     f"every ensemble tried (last {list(write_md.fragments[-1].ensemble)})")
 
-    async def _write_back_many(self, handle: LedgerHandle, first: int, payloads: list[bytes]) -> None:
-        """Write entries ``first, first+1, ...`` back to their write sets (recovery adds),
-        all pipelined; raises BookieUnavailableError if one reached fewer than Qa bookies."""
+    def _replace(self, ledger_id: int, write_md, first_entry: int, failed: dict[str, str]) -> None:
+        """Ensemble change during recovery (local to ``write_md``): the ``failed``
+        bookies of the last fragment are replaced by spares from ``first_entry`` on
+        (BookKeeper's ReadOnlyLedgerHandle.handleBookieFailure). Raises
+        BookieUnavailableError without a spare: the ledger stays IN_RECOVERY."""
+        ensemble = list(write_md.fragments[-1].ensemble)
+        replace = [b for b in ensemble if b in failed]
+        if not replace:
+            raise BookieUnavailableError(f"ledger {ledger_id}: recovery write-back of entry {first_entry} failed "
+                                         f"outside the ensemble {ensemble}: {failed}")
+        new_ensemble = list(ensemble)
+        exclude = set(ensemble) | set(failed)
+        for b in replace:
+            self.mark_failed(b)
+            spare = self.bk.pick_spare(exclude=list(exclude))
+            if spare is None:
+                raise BookieUnavailableError(
+                    f"ledger {ledger_id}: recovery cannot write entry {first_entry} back: bookie(s) {replace} "
+                    f"failed ({'; '.join(failed.values())}) and no spare bookie is available (ensemble "
+                    f"{ensemble}, known bookies {self.bk.bookies}); the ledger stays in recovery until one is")
+            new_ensemble[new_ensemble.index(b)] = spare
+            exclude.add(spare)
+        if write_md.fragments[-1].first_entry_id >= first_entry:
+            del write_md.fragments[-1].ensemble[:]
+            write_md.fragments[-1].ensemble.extend(new_ensemble)
+        else:
+            write_md.fragments.add(first_entry_id=first_entry, ensemble=new_ensemble)
+        log.warning("ledger %d recovery: ensemble change from entry %d: %s replaced by %s (%s)", ledger_id,
+                    first_entry, replace, [new_ensemble[ensemble.index(b)] for b in replace],
+                    "; ".join(failed.values()))
+
+    async def _recovery_adds(self, handle: LedgerHandle, write_md, first: int,
+                             payloads: list[bytes]) -> dict[int, list[tuple[str, int, str]]]:
+        """Send recovery adds of entries ``first, ...`` to their write sets in
+        ``write_md``, all pipelined; returns per entry the (bookie, status, message)
+        answers (``STATUS_UNAVAILABLE`` for an unreachable bookie)."""
         loop = asyncio.get_running_loop()
         futures = []
+        ensemble = list(write_md.fragments[-1].ensemble)
+        e, qw = len(ensemble), write_md.write_quorum_size
         for i, payload in enumerate(payloads):
             entry_id = first + i
-            for address in handle.write_set(entry_id):
+            for address in (ensemble[(entry_id + j) % e] for j in range(qw)):
                 fut = loop.create_future()
-                futures.append((entry_id, fut))
+                futures.append((entry_id, address, fut))
                 request = pb.AddEntryRequest(ledger_id=handle.ledger_id, entry_id=entry_id,
-                                             master_key=handle.metadata.password, payload=payload,
+                                             master_key=write_md.password, payload=payload,
                                              last_add_confirmed=entry_id - 1, recovery=True,
                                              crc32c=_crc32c(payload))
                 self.connection(address).add(
                     request, lambda s, m, f=fut: f.done() or f.set_result((s, m)))
-        await asyncio.gather(*(f for _, f in futures))
-        by_entry: dict[int, list] = {}
-        for entry_id, fut in futures:
-            by_entry.setdefault(entry_id, []).append(fut.result())
-        for entry_id, results in by_entry.items():
-            ok = sum(1 for s, _ in results if s == pb.EOK)
-            if ok < handle.metadata.ack_quorum_size:
-                raise BookieUnavailableError(
-                    f"ledger {handle.ledger_id}: recovery write-back of entry {entry_id} reached {ok} bookies: "
-                    f"{results}")
+        await asyncio.gather(*(f for _, _, f in futures))
+        by_entry: dict[int, list[tuple[str, int, str]]] = {}
+        for entry_id, address, fut in futures:
+            status, message = fut.result()
+            by_entry.setdefault(entry_id, []).append((address, status, message))
+        return by_entry

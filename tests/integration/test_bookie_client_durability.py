@@ -348,3 +348,71 @@ async def test_recovery_floors_the_lac_at_the_last_fragment(bookie_factory, meta
         assert await retry_while_unavailable(lambda: ro.read_entries(0, 9)) == [b"e%d" % i for i in range(10)]
     finally:
         await reader.close()
+
+
+async def test_recovery_replaces_a_bookie_that_fails_its_write_back(bookie_factory, meta):
+    """E=Qw=Qa=2 on [A, B] of 3 bookies: entries 0..9 acknowledged, 10..14 reached A only when
+    the writer crashed; then B dies. Recovery fences A (Qw-Qa+1 = 1 is enough), reads 10..14
+    from A and must write them back to Qa bookies: B fails, so it is replaced by C from entry
+    10 on (an ensemble change during recovery, as BookKeeper's ReadOnlyLedgerHandle does) and
+    the ledger closes at 14 without waiting for B. Before, the write-back needed B: the ledger
+    stayed IN_RECOVERY (its topic could not load) until B came back."""
+    bookies = [bookie_factory() for _ in range(3)]
+    addrs = [b.address for b in bookies]
+    writer = BookKeeper(meta, addrs[:2])
+    lh = await writer.create_ledger(2, 2, 2)
+    for i in range(10):
+        await lh.add_entry(b"e%d" % i)
+    a_addr, b_addr = lh.ensemble
+    by_addr = {b.address: b for b in bookies}
+    for i in range(10, 15):
+        await add_direct(writer, a_addr, lh.ledger_id, lh.metadata.password, i, b"e%d" % i, lac=9)
+    await writer.close()  # the writer crashes: the ledger stays OPEN
+    by_addr[b_addr].kill()
+    c_addr = next(x for x in addrs if x not in (a_addr, b_addr))
+
+    recoverer = BookKeeper(meta, addrs, rpc_timeout_s=5)
+    try:
+        ro = await asyncio.wait_for(recoverer.open_ledger(lh.ledger_id, recovery=True), 60)
+        assert ro.metadata.state == State.CLOSED and ro.last_add_confirmed == 14
+        md, _ = await recoverer.get_metadata(lh.ledger_id)
+        assert md.state == State.CLOSED and md.last_entry_id == 14
+        assert [(f.first_entry_id, list(f.ensemble)) for f in md.fragments] == \
+            [(0, [a_addr, b_addr]), (10, [a_addr, c_addr])]
+        for e in range(10, 15):
+            assert await stored(recoverer, c_addr, lh.ledger_id, e) == b"e%d" % e
+        by_addr[a_addr].kill()   # entries 10..14 live on C too now
+        assert await ro.read_entries(10, 14) == [b"e%d" % i for i in range(10, 15)]
+    finally:
+        await recoverer.close()
+
+
+async def test_recovery_without_a_spare_for_a_failed_write_back_stays_in_recovery(bookie_factory, meta):
+    """As above with only A and B: no spare for B, so recovery raises and the ledger stays
+    IN_RECOVERY (never closed short: entries 10..14 are on A alone); with B back it closes at 14."""
+    a, b = bookie_factory(), bookie_factory()
+    addrs = [a.address, b.address]
+    writer = BookKeeper(meta, addrs)
+    lh = await writer.create_ledger(2, 2, 2)
+    for i in range(10):
+        await lh.add_entry(b"e%d" % i)
+    for i in range(10, 15):
+        await add_direct(writer, a.address, lh.ledger_id, lh.metadata.password, i, b"e%d" % i, lac=9)
+    await writer.close()
+    b.kill()
+    recoverer = BookKeeper(meta, addrs, rpc_timeout_s=5)
+    try:
+        with pytest.raises(BookieUnavailableError, match="no spare bookie"):
+            await asyncio.wait_for(recoverer.open_ledger(lh.ledger_id, recovery=True), 60)
+        md, _ = await recoverer.get_metadata(lh.ledger_id)
+        assert md.state == State.IN_RECOVERY and [sorted(f.ensemble) for f in md.fragments] == [sorted(addrs)]
+    finally:
+        await recoverer.close()
+    same_port(b)
+    later = BookKeeper(meta, addrs)
+    try:
+        ro = await retry_while_unavailable(lambda: later.open_ledger(lh.ledger_id, recovery=True))
+        assert ro.last_add_confirmed == 14
+        assert await ro.read_entries(0, 14) == [b"e%d" % i for i in range(15)]
+    finally:
+        await later.close()
