@@ -192,6 +192,12 @@ _BY_CODE: dict[str, type[PulsarException]] = {
 }
 
 
+# Details of INTERNAL / UNKNOWN statuses that gRPC's transport itself reports when a
+# connection or stream breaks (seen during broker restarts and unloads).
+_TRANSPORT_DETAILS = ("Internal error from Core", "RST_STREAM", "Stream removed", "Socket closed",
+                      "GOAWAY", "Connection reset")
+
+
 def _code_name(code) -> str:
     name = getattr(code, "name", code)
     name = str(name or "")
@@ -205,8 +211,10 @@ def error_from_status(code_name, message: str) -> PulsarException:
     or a ``grpc.StatusCode``), or directly an error class name (``"ProducerBusy"``).
     ``message``: the status details; when they start with ``"<ClassName>: "``
     (as ``to_status`` writes them) that class wins and the prefix is stripped.
-    Falls back to the code's usual class, else to ``PulsarException``.
-    Never raises.
+    INTERNAL / UNKNOWN statuses with gRPC's own transport details ("Internal
+    error from Core", "Stream removed", RST_STREAM, ...) are a ``ConnectError``
+    (retriable: the producer or consumer reconnects). Falls back to the code's
+    usual class, else to ``PulsarException``. Never raises.
     """
     message = message or ""
     head, sep, rest = message.partition(": ")
@@ -217,6 +225,10 @@ def error_from_status(code_name, message: str) -> PulsarException:
     raw = str(getattr(code_name, "name", code_name) or "")
     if raw in _BY_NAME:
         return _BY_NAME[raw](message)
+    if _code_name(code_name) in ("INTERNAL", "UNKNOWN") and any(t in message for t in _TRANSPORT_DETAILS):
+        # gRPC's transport, not a broker (whose statuses carry "<ClassName>: "): the
+        # connection broke (stream reset, server going away); reconnect as Pulsar does.
+        return ConnectError(f"connection broken ({_code_name(code_name)}: {message})")
     cls = _BY_CODE.get(_code_name(code_name), PulsarException)
     if cls is PulsarException and message:
         return PulsarException(f"{_code_name(code_name) or 'UNKNOWN'}: {message}")

@@ -76,6 +76,22 @@ def test_ambiguous_code_without_class_name_is_generic_but_keeps_information():
     assert type(error_from_status("INTERNAL", "")) is PulsarException
 
 
+@pytest.mark.parametrize("code, details", [
+    ("INTERNAL", "Internal error from Core"),
+    ("INTERNAL", "Received RST_STREAM with error code 2"),
+    ("UNKNOWN", "Stream removed"),
+    ("UNAVAILABLE", "Socket closed"),
+])
+def test_grpc_transport_failures_are_retriable_connect_errors(code, details):
+    exc = error_from_status(code, details)
+    assert isinstance(exc, ConnectError) and exc.retriable and details in exc.message
+
+
+def test_a_broker_internal_error_stays_an_internal_error_even_if_it_mentions_the_transport():
+    exc = error_from_status("INTERNAL", "PulsarException: RuntimeError: Socket closed while persisting")
+    assert type(exc) is PulsarException and not isinstance(exc, ConnectError)
+
+
 def test_details_prefix_wins_over_code():
     assert isinstance(error_from_status("NOT_FOUND", "TopicTerminated: t is terminated"), TopicTerminated)
 
