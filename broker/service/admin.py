@@ -141,7 +141,7 @@ async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
     if not isinstance(method, str) or method not in HANDLERS:
         raise InvalidArgument(f"unknown admin method {method!r}; known: {', '.join(sorted(HANDLERS))}")
     handler = HANDLERS[method]
-    limit = service.config.http_max_request_size
+    limit = getattr(getattr(service, "config", None), "http_max_request_size", 1024 * 1024)
     if len(body_json) > limit:
         raise InvalidArgument(f"{method}: the request body has {len(body_json):,} characters, over "
                               f"http_max_request_size={limit:,} bytes; send a smaller request")
