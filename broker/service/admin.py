@@ -1,6 +1,13 @@
 """Admin verbs (Pulsar's admin REST resources: Clusters, Tenants, Namespaces,
 PersistentTopics) as ``method -> handler(service, body) -> JSON-able result``.
 
+:data:`HANDLERS` maps a method name ("topics.create", ...) to its handler and
+:data:`SCHEMAS` to its body's fields (:class:`Arg`); :func:`dispatch` checks a
+request with :func:`check_body` before the handler runs, so handlers only see
+bodies of the right shape. Handlers raise NotFound / AlreadyExists /
+InvalidArgument / PreconditionFailed (broker.service.errors), answered with
+the gRPC status of that name.
+
 Each broker keeps its own cluster's metadata: a call changes only the broker
 it is sent to. The geo demo configures every cluster by calling each one.
 """
@@ -35,9 +42,12 @@ class Arg:
     required: bool = True
 
     def optional(self) -> "Arg":
+        """This Arg with ``required=False`` (the field may be absent or null)."""
         return dataclasses.replace(self, required=False)
 
     def validated(self, check: Callable[[str, Any], Any]) -> "Arg":
+        """This Arg with ``check(key, value)`` run after the type test; ``check``
+        raises InvalidArgument / InvalidTopicName on a bad value."""
         return dataclasses.replace(self, check=check)
 
 
@@ -134,9 +144,11 @@ def check_body(method: str, body: dict) -> dict:
 
 
 async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
-    """Run one admin verb; returns the JSON answer. Raises InvalidArgument for an
-    unknown verb, a body over ``http_max_request_size`` bytes (checked before it
-    is parsed), malformed JSON or a body that does not fit the verb's fields
+    """Run one admin verb; returns the JSON answer (sorted keys). Raises
+    InvalidArgument for an unknown verb, a body longer than the broker config's
+    ``http_max_request_size`` (Pulsar's httpMaxRequestSize; compared with the
+    body's length in characters, before it is parsed), malformed JSON, JSON that
+    is not an object, or a body that does not fit the verb's fields
     (:func:`check_body`), and the handler's errors."""
     if not isinstance(method, str) or method not in HANDLERS:
         raise InvalidArgument(f"unknown admin method {method!r}; known: {', '.join(sorted(HANDLERS))}")

@@ -38,8 +38,13 @@ MAX_ORDERED_JOBS = 16
 
 
 class DispatchItem:
-    """One entry ready to push: position, bytes, message count, key hash, and the
-    metadata the dispatcher peeked (``num_messages`` counts, ``sticky_key`` bytes)."""
+    """One entry ready to push (Pulsar's EntryAndMetadata): ``position``
+    ((ledger_id, entry_id)), ``data`` (the entry's bytes: headers and payload),
+    and what the dispatcher peeked from its metadata: ``num_messages`` (its real
+    batch size, a count >= 1, dispatchers.batch_size_of), ``sticky_key`` (the
+    ordering key, else the partition key, as bytes; b"" for neither; Key_Shared
+    hashes it) and ``deliver_at`` (epoch ms; the dispatchers pass None, delayed
+    entries wait in the dispatcher instead)."""
 
     __slots__ = ("position", "data", "num_messages", "sticky_key", "deliver_at")
 
@@ -53,7 +58,8 @@ class DispatchItem:
 
 
 class Consumer:
-    """A connected consumer of a subscription.
+    """A connected consumer of a subscription (Pulsar's
+    ``org.apache.pulsar.broker.service.Consumer``).
 
     ``permits``: messages it can still take (Flow adds, clamped to
     :data:`MAX_PERMITS`; dispatch subtracts the entry's message count).
@@ -64,6 +70,11 @@ class Consumer:
     it is over its high-water mark) and calls ``on_writable`` (set by the
     subscription: wakes its dispatcher) once it drained. ``epoch``: PIP-84
     consumer epoch, put on every MessageBatch (see ``set_epoch``).
+    ``max_unacked_messages``: count at which the consumer is ``blocked`` (0 =
+    unlimited; broker config max_unacked_messages_per_consumer, Pulsar's
+    maxUnackedMessagesPerConsumer). ``priority_level``: Failover priority
+    (lower first; the Shared dispatcher ignores it). Counters: ``msg_out_counter`` (messages), ``bytes_out_counter``
+    (bytes), ``msg_redeliver_counter`` (positions redelivered).
     """
 
     def __init__(self, name: str, priority_level: int, send: Callable[[pb.ConsumerResponse], None],
@@ -103,7 +114,8 @@ class Consumer:
 
     @property
     def blocked(self) -> bool:
-        """Pulsar's blockedConsumerOnUnackedMsgs."""
+        """Pulsar's blockedConsumerOnUnackedMsgs: ``unacked_messages`` reached
+        ``max_unacked_messages`` (> 0); a blocked consumer has no available permits."""
         return self.max_unacked_messages > 0 and self.unacked_messages >= self.max_unacked_messages
 
     @property
@@ -165,7 +177,13 @@ class Consumer:
 
     def send_entries(self, items: list[DispatchItem], redelivery_counts: dict[Position, int],
                      ack_set_for: Callable[[Position], Optional[list[int]]]) -> None:
-        """Push entries in one MessageBatch frame and track them as pending acks."""
+        """Push ``items`` in one MessageBatch frame (carrying ``epoch`` when set) and
+        track them as pending acks: each entry takes its ``num_messages`` from
+        ``permits`` (which may go below 0: dispatch stops there), adds them to
+        ``unacked_messages`` once per position, and counts messages/bytes out.
+        Each message carries ``redelivery_counts[position]`` (0 when absent) and
+        the ``ack_set_for(position)`` words of a partly acknowledged batch. Does
+        not check permits or writability: the dispatcher does."""
         batch = pb.MessageBatch()
         if self.epoch:
             batch.consumer_epoch = self.epoch
@@ -193,27 +211,39 @@ class Consumer:
             self.epoch = epoch
 
     def acked(self, position: Position) -> None:
+        """An individual ack of ``position`` ((ledger_id, entry_id)): forget it from
+        ``pending_acks`` and lower ``unacked_messages`` by its message count; a
+        position not pending for this consumer is ignored (Pulsar's
+        Consumer.removePendingAcks)."""
         n = self.pending_acks.pop(position, None)
         if n is not None:
             self.unacked_messages -= n
 
     def acked_up_to(self, position: Position) -> None:
+        """A cumulative ack (or a mark-delete move) up to ``position`` inclusive:
+        :meth:`acked` for every pending position <= it."""
         for pos in [p for p in self.pending_acks if p <= position]:
             self.acked(pos)
 
     def take_pending(self) -> list[Position]:
-        """Forget and return every pending position (for redelivery)."""
+        """Forget and return every pending position (for redelivery; in
+        insertion order) and set ``unacked_messages`` back to 0."""
         positions = list(self.pending_acks)
         self.pending_acks.clear()
         self.unacked_messages = 0
         return positions
 
     def notify_active(self, active: bool) -> None:
+        """Failover/Exclusive: tell the client it became active or inactive with an
+        ActiveConsumerChange frame, only when that changed (Pulsar's
+        Consumer.notifyActiveConsumerChange)."""
         if active != self.is_active:
             self.is_active = active
             self._send(pb.ConsumerResponse(active_change=pb.ActiveConsumerChange(is_active=active)))
 
     def send_response(self, response: pb.ConsumerResponse) -> None:
+        """Queue any other ConsumerResponse (answers, control frames) on the stream;
+        never blocks and ignores writability."""
         self._send(response)
 
 
@@ -228,18 +258,24 @@ class _OutboundQueue:
         self._waiter: Optional[asyncio.Future] = None
 
     def qsize(self) -> int:
+        """Frames queued (count, the end marker included)."""
         return len(self._items)
 
     def empty(self) -> bool:
+        """True when no frame is queued."""
         return not self._items
 
     def put_nowait(self, item: Optional[pb.ConsumerResponse], size: int = 0) -> None:
+        """Append ``item`` (None: end of stream) whose serialized size is ``size``
+        bytes, waking a waiting :meth:`get`. Never blocks, never refuses."""
         self._items.append((item, size))
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     async def get(self) -> Optional[pb.ConsumerResponse]:
+        """Wait for and take the oldest frame (None: end the stream); its size
+        leaves the writer's ``buffered_bytes``, which may make it writable again."""
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:

@@ -46,7 +46,11 @@ CHUNK = 256
 
 
 class Subscription:
-    """One subscription of a topic. ``durable`` False for Readers (non-durable cursor)."""
+    """One subscription of a topic (Pulsar's PersistentSubscription): its
+    ManagedCursor, the connected consumers, the dispatcher of its type and
+    ``redelivery_counts`` (Position -> times redelivered). ``durable`` False for
+    Readers (non-durable cursor). ``msg_acked_counter`` counts the positions
+    acknowledged (cumulative acks count 1)."""
 
     def __init__(self, topic: "PersistentTopic", name: str, cursor: ManagedCursor, durable: bool = True):
         self.topic = topic
@@ -78,8 +82,10 @@ class Subscription:
 
     # ---- consumers ------------------------------------------------------
     def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
-        """Attach a consumer. Raises ConsumerBusy (Exclusive taken) or NotAllowed
-        (another subscription type while consumers are connected)."""
+        """Attach a consumer, creating the dispatcher of ``sub_type`` (pb.Exclusive,
+        Shared, Failover, Key_Shared) when there is none or the type changes.
+        Raises ConsumerBusy (Exclusive taken), NotAllowed (another subscription
+        type while consumers are connected) or InvalidArgument (unknown type)."""
         if self.consumers and sub_type != self.sub_type:
             raise NotAllowed(f"subscription {self.name} on {self.topic.name} is of type "
                              f"{SUB_TYPE_NAMES[self.sub_type]}, not {SUB_TYPE_NAMES.get(sub_type, sub_type)}; "
@@ -391,7 +397,9 @@ class Subscription:
         """Move the subscription so ``position`` is the next message delivered.
         Dispatch pauses until the new state is durable and ``before_resume()`` ran
         (the servicer queues the seek's answer there), so no entry from the new
-        position reaches a consumer before the answer."""
+        position reaches a consumer before the answer. Clears the redelivery
+        counts; raises InvalidArgument when the cursor refuses ``position``
+        (Pulsar's PersistentSubscription.resetCursor)."""
         dispatcher = self.dispatcher
         if dispatcher is not None:
             dispatcher.paused = True
@@ -430,6 +438,8 @@ class Subscription:
         return max(0, self.cursor.number_of_entries_in_backlog() - self.topic.markers_in_backlog(self.cursor))
 
     def unacked_messages(self) -> int:
+        """unackedMessages of the subscription's stats: messages (count, batch
+        entries by their message count) pushed to its consumers and not acknowledged."""
         return sum(c.unacked_messages for c in self.consumers)
 
     async def unsubscribe(self, consumer: Optional[Consumer] = None) -> None:
@@ -441,6 +451,8 @@ class Subscription:
         await self.topic.remove_subscription(self.name)
 
     async def close(self) -> None:
+        """Topic close/unload: stop the UPDATE timer and the dispatcher and
+        disconnect every consumer (the clients reconnect); the cursor stays."""
         if self.update_timer is not None:
             self.update_timer.cancel()
             self.update_timer = None
