@@ -33,7 +33,12 @@ log = logging.getLogger(__name__)
 
 
 class GeoBrokerService(BrokerService):
-    """BrokerService that runs replicators for its topics."""
+    """BrokerService that runs replicators for its topics: one
+    ``Replicator`` per remote cluster of a topic's replication clusters
+    (Pulsar's PersistentReplicator), and a PIP-33
+    ReplicatedSubscriptionsController per replicated topic when
+    ``enable_replicated_subscriptions`` is set (Pulsar's
+    enableReplicatedSubscriptions)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,7 +15,10 @@ from broker.ledger.position import Position
 class SnapshotBuilder:
     """Collects SNAPSHOT_RESPONSEs for one snapshot id (Pulsar's
     ReplicatedSubscriptionsSnapshotBuilder). ``start_ms``: epoch ms the snapshot
-    started; ``remote_clusters``: names of the clusters asked.
+    started; ``remote_clusters``: names of the clusters asked. Positions are
+    ``Position`` = (ledger_id, entry_id): ``responses`` maps a cluster to the
+    position it answered (its last message), ``local`` is the local position
+    of the completing SNAPSHOT_RESPONSE marker.
 
     ``received_response(position, cluster, remote_position)`` returns:
     ``None`` (still waiting), ``"second_round"`` (write another SNAPSHOT_REQUEST:
@@ -59,7 +62,9 @@ class SnapshotBuilder:
 
     def timed_out(self, now_ms: int, timeout_ms: int) -> bool:
         """True when more than ``timeout_ms`` ms passed since ``start_ms`` (both epoch ms);
-        the controller drops it (replicatedSubscriptionsSnapshotTimeoutSeconds)."""
+        the controller drops it (broker config
+        replicated_subscriptions_snapshot_timeout_seconds, Pulsar's
+        replicatedSubscriptionsSnapshotTimeoutSeconds)."""
         return now_ms - self.start_ms > timeout_ms
 
 
