@@ -23,10 +23,14 @@ PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # RetryMessageUtil.PROPERTY_OR
 
 
 class DeadLetterPublisher:
-    """Publishes dead letters of one subscription to ``policy.topic_for(topic, subscription)``.
+    """Publishes dead letters of one subscription to ``policy.topic_for(topic, subscription)``
+    (Pulsar's ConsumerImpl ``deadLetterProducer``).
 
-    ``client``: the AsyncClient (``create_producer``, ``subscribe``).  Shared
-    by the partition consumers of one partitioned topic.
+    ``client``: the AsyncClient (``create_producer``; ``subscribe`` for the
+    policy's ``initial_subscription_name``); ``topic``: the consumer's topic
+    (the partitioned topic's name for its partitions); ``subscription``: its
+    subscription name.  Shared by the partition consumers of one partitioned
+    topic.
     """
 
     def __init__(self, client, policy: DeadLetterPolicy, topic: str, subscription: str):
@@ -40,9 +44,11 @@ class DeadLetterPublisher:
         async with self._lock:
             if self._producer is None:
                 if self.policy.initial_subscription_name:
-                    from client.consumer import create_consumer  # local: consumer imports this module
-                    sub = await create_consumer(self.client, self.topic, self.policy.initial_subscription_name,
-                                                initial_position=InitialPosition.Earliest, receiver_queue_size=1)
+                    # through the client (AsyncClient.subscribe -> consumer.create_consumer), not an
+                    # import of client.consumer, which imports this module
+                    sub = await self.client.subscribe(self.topic, self.policy.initial_subscription_name,
+                                                      initial_position=InitialPosition.Earliest,
+                                                      receiver_queue_size=1)
                     await sub.close()
                 # as Pulsar's DLQ producer: no batching (one entry per dead letter), chunking on
                 self._producer = await self.client.create_producer(self.topic, batching_enabled=False,
