@@ -6,31 +6,26 @@ bookie keeps per ledger the master key, a *fenced* flag (set by ledger
 recovery to cut off the old writer) and the highest *LastAddConfirmed* (LAC)
 piggy-backed on the adds.
 
-Write path (BookKeeper's journal + group commit): :meth:`LedgerStorage.add_entries`
-only enqueues and schedules one flush callback on the event loop; the flush
-takes everything queued (up to ``max_group_entries`` adds and about
-``max_group_bytes``), validates it against the in-memory ledger records,
-inserts all accepted entries with one ``executemany`` in ONE transaction and
-commits. With ``journal_sync=True`` the commit is fsynced (``PRAGMA
-synchronous=FULL`` in WAL mode: one fdatasync of the WAL) before any future of
-the group resolves, so an acknowledged add survives ``kill -9`` and power loss.
-Fence and delete go through the same queue, so they are ordered with the adds.
-Reads use a second connection (aiosqlite) and only ever see committed data.
+:class:`LedgerStorage` is the bookie's storage as its server sees it (open,
+close, adds, fence, delete, reads, read-only mode, disk usage). Its parts, as
+BookKeeper separates ``Journal``, ``LedgerStorage`` and ``Cookie``:
 
-Where the commit runs: a small group (at most ``inline_commit_max_bytes``,
-default 64 KiB, of payload: the trickle of a latency-bound workload) commits
-right on the event loop's thread; a larger one on the single journal thread.
-A bookie's loop exists to serve adds and every add of a group waits for its
-commit anyway, and for a small group the thread hand-off cost more than it
-saved in Python: measured, about 150 us of extra latency and 100 us of bookie
-CPU per add for the hand-off and GIL switches, against a commit of 20-30 us
-(plus the fdatasync with journal_sync, 0.2-0.4 ms on these machines). For
-large groups the thread wins: SQLite releases the GIL, so reading and parsing
-the next requests overlaps the commit (122k vs 97k adds/s of 1 KB). Groups
-commit one at a time in queue order; adds arriving meanwhile wait in the
-queue (or gRPC's buffers) and join the next group. The WAL checkpoint that
-SQLite runs inside the commit that fills the WAL past 1000 pages (16 MiB)
-holds that commit for some ms, wherever it runs.
+* :mod:`bookie.journal`: the write path, group commit (BookKeeper's journal +
+  group commit): ``add_entries`` only enqueues; one flush commits everything
+  queued in ONE transaction, fsynced with ``journal_sync=True`` before any
+  future of the group resolves, so an acknowledged add survives ``kill -9``
+  and power loss. Fence and delete go through the same queue, so they are
+  ordered with the adds. Small groups commit on the event loop's thread,
+  large ones on the journal thread (measurements there).
+* :mod:`bookie.ledger_records`: the per-ledger records and the rules adds,
+  fences and deletes are checked against.
+* :mod:`bookie.ledger_db`: the SQLite database (schema, migration, the
+  group-commit transaction, incremental vacuum of deleted ledgers' space).
+* :mod:`bookie.data_dir` and :mod:`bookie.cookie`: the data dir's lock,
+  ``--format``, and the cookie check.
+* :mod:`bookie.storage_errors`: the errors (re-exported here).
+
+Reads use a second connection (aiosqlite) and only ever see committed data.
 
 Checksums (BookKeeper's DigestManager): an add may carry the CRC32C its writer
 computed over the payload; it is stored with the entry (column ``crc``, NULL
@@ -51,21 +46,13 @@ its fences/deletes are retried once in a group of their own (a delete frees
 space, it must not fail because adds overflowed). ``max_db_size_bytes`` caps the
 database (SQLite ``max_page_count``; a test knob that acts like a small disk).
 
-Space of deleted ledgers (vacuum policy): new databases use
-``auto_vacuum=INCREMENTAL`` (an older database is converted by one VACUUM at
-open). Pages freed by a delete are reused by later adds at once; after a
-delete, the journal thread also runs ``PRAGMA incremental_vacuum`` in steps of
-``VACUUM_STEP_PAGES`` (4 MiB), one step at a time between group commits, until
-the free list is empty, then checkpoints the WAL, which truncates the file: the
-filesystem gets the space back.
+Space of deleted ledgers (vacuum policy): see :mod:`bookie.ledger_db`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -76,115 +63,34 @@ from concurrent.futures import ThreadPoolExecutor
 import aiosqlite
 
 from bookie import cookie as cookies
-from proto import bookie_pb2
+from bookie import data_dir, ledger_db
+from bookie.data_dir import LOCK_FILE_NAME
+from bookie.journal import GroupCommitJournal
+from bookie.ledger_db import (_INSERT_ENTRY, _SCHEMA, _UPSERT_LEDGER, DB_FILE_NAME, PAGE_SIZE_BYTES,
+                              VACUUM_STEP_PAGES)
+from bookie.ledger_records import (E_BOOKIE_ERROR, E_DUPLICATE_ENTRY, E_LEDGER_FENCED, E_READ_ONLY,
+                                   E_UNAUTHORIZED_ACCESS, EOK, AddErrors, AddOp, _Ledger)
+from bookie.storage_errors import (DataDirInUse, EntriesNotStored, LedgerNotFound, StorageClosed, StorageError,
+                                   UnauthorizedAccess, is_disk_full)
+
+# What this module offered before it was split (its callers import these from here); the
+# private names are used by tests.
+__all__ = ["LedgerStorage", "StorageError", "StorageClosed", "LedgerNotFound", "UnauthorizedAccess",
+           "EntriesNotStored", "DataDirInUse", "is_disk_full", "AddOp", "AddErrors", "DB_FILE_NAME",
+           "PAGE_SIZE_BYTES", "WAL_AUTOCHECKPOINT_PAGES", "VACUUM_STEP_PAGES", "LOCK_FILE_NAME", "EOK",
+           "E_LEDGER_FENCED", "E_UNAUTHORIZED_ACCESS", "E_DUPLICATE_ENTRY", "E_BOOKIE_ERROR", "E_READ_ONLY",
+           "_SCHEMA", "_INSERT_ENTRY", "_UPSERT_LEDGER", "_Ledger"]
 
 log = logging.getLogger(__name__)
 
-DB_FILE_NAME = "ledgers.db"
-# 16 KiB pages keep entries of up to ~4 KB inline in the WITHOUT ROWID b-tree
-# (with 4 KiB pages a 1 KB entry spills to an overflow page: 3x slower).
-PAGE_SIZE_BYTES = 16384
 # SQLite's default: the commit that leaves the WAL over 1000 pages (16 MiB) checkpoints it.
 # Measured: a PASSIVE checkpoint on another thread was worse, because with a steady
 # writer it never catches up, so the WAL never restarts and every commit grows the file.
+# (Read by LedgerStorage._connect from this module: tests patch it here.)
 WAL_AUTOCHECKPOINT_PAGES = 1000
-# Pages (16 KiB) returned to the filesystem per incremental-vacuum step after deletes (4 MiB:
-# adds queued meanwhile wait for one step only).
-VACUUM_STEP_PAGES = 256
-LOCK_FILE_NAME = "LOCK"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    ledger_id INTEGER NOT NULL,
-    entry_id  INTEGER NOT NULL,
-    payload   BLOB    NOT NULL,
-    crc       INTEGER,
-    PRIMARY KEY (ledger_id, entry_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS ledgers (
-    ledger_id     INTEGER PRIMARY KEY,
-    master_key    BLOB    NOT NULL,
-    fenced        INTEGER NOT NULL DEFAULT 0,
-    lac           INTEGER NOT NULL DEFAULT -1,
-    last_entry_id INTEGER NOT NULL DEFAULT -1
-);
-CREATE TABLE IF NOT EXISTS bookie_instance (
-    id          INTEGER PRIMARY KEY CHECK (id = 0),
-    instance_id TEXT    NOT NULL,
-    created_ms  INTEGER NOT NULL
-);
-"""
-
-_INSERT_ENTRY = "INSERT INTO entries (ledger_id, entry_id, payload, crc) VALUES (?, ?, ?, ?)"
-_UPSERT_LEDGER = (
-    "INSERT OR REPLACE INTO ledgers (ledger_id, master_key, fenced, lac, last_entry_id) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
-
-EOK = bookie_pb2.EOK
-E_LEDGER_FENCED = bookie_pb2.E_LEDGER_FENCED
-E_UNAUTHORIZED_ACCESS = bookie_pb2.E_UNAUTHORIZED_ACCESS
-E_DUPLICATE_ENTRY = bookie_pb2.E_DUPLICATE_ENTRY
-E_BOOKIE_ERROR = bookie_pb2.E_BOOKIE_ERROR
-E_READ_ONLY = bookie_pb2.E_READ_ONLY
 
 
-class StorageError(Exception):
-    """Base of the bookie storage errors (maps to a gRPC status at the edge)."""
-
-
-class StorageClosed(StorageError):
-    """The storage was closed; the operation was not executed."""
-
-
-class LedgerNotFound(StorageError):
-    """This bookie holds no record of the ledger (never written, or deleted)."""
-
-
-class UnauthorizedAccess(StorageError):
-    """The master key differs from the one the ledger was created with."""
-
-
-class EntriesNotStored(StorageError):
-    """Some entry of a requested range is not stored on this bookie."""
-
-
-class DataDirInUse(StorageError):
-    """Another process holds the data dir's lock."""
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """True for SQLite's SQLITE_FULL (database or disk is full) and ENOSPC."""
-    if isinstance(exc, sqlite3.Error):
-        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in str(exc)
-    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-
-
-class _Ledger:
-    """In-memory ledger record (the writer task's view, mirrors table ``ledgers``)."""
-
-    __slots__ = ("master_key", "fenced", "lac", "last_entry_id")
-
-    def __init__(self, master_key: bytes, fenced: bool = False, lac: int = -1, last_entry_id: int = -1):
-        self.master_key = master_key
-        self.fenced = fenced
-        self.lac = lac
-        self.last_entry_id = last_entry_id
-
-    def row(self, ledger_id: int) -> tuple:
-        """This record as a ``ledgers`` table row: ``(ledger_id, master_key, fenced 0/1, lac, last_entry_id)``."""
-        return (ledger_id, self.master_key, int(self.fenced), self.lac, self.last_entry_id)
-
-
-# An add operation as accepted by LedgerStorage.add_entries: a plain tuple
-# (ledger_id, entry_id, master_key, payload, last_add_confirmed, recovery[, crc32c]);
-# crc32c (int) is the writer's checksum of the payload, None or left out when it sent none.
-AddOp = tuple
-# Per-add errors of one add_entries call: {index in the ops list: (AddStatus, message)}.
-AddErrors = dict[int, tuple[int, str]]
-
-
-class LedgerStorage:
+class LedgerStorage(GroupCommitJournal):
     """Durable ledger/entry store of one bookie, with group commit.
 
     ``path`` is the data directory (created if missing); the database is
@@ -249,7 +155,7 @@ class LedgerStorage:
         db = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
         try:
             db.execute(f"PRAGMA page_size={PAGE_SIZE_BYTES}")
-            db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # new databases only; see _migrate
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # new databases only; see ledger_db.migrate
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={'FULL' if self.journal_sync else 'OFF'}")
             db.execute("PRAGMA journal_size_limit=67108864")
@@ -260,52 +166,19 @@ class LedgerStorage:
         return db
 
     def _init_schema(self, db: sqlite3.Connection) -> None:
-        db.executescript(_SCHEMA)
-        self._migrate(db)
-        if self.max_db_size_bytes:
-            db.execute(f"PRAGMA max_page_count={max(1, self.max_db_size_bytes // PAGE_SIZE_BYTES)}")
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        """Bring a database of an older version up to date: the ``crc`` column, and
-        auto_vacuum=INCREMENTAL (one VACUUM; skipped with a warning if it fails)."""
-        columns = {r[1] for r in db.execute("PRAGMA table_info(entries)")}
-        if "crc" not in columns:
-            db.execute("ALTER TABLE entries ADD COLUMN crc INTEGER")
-        if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
-            log.info("converting %s to auto_vacuum=INCREMENTAL (one-time VACUUM)", self.db_path)
-            try:
-                db.execute("VACUUM")
-            except sqlite3.Error as exc:
-                log.warning("VACUUM of %s failed (%s): deleted ledgers' pages are reused but the file "
-                            "will not shrink", self.db_path, exc)
-        self._incremental_vacuum = db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+        self._incremental_vacuum = ledger_db.init_schema(db, self.db_path, self.max_db_size_bytes)
 
     def _lock_data_dir(self) -> None:
-        """Hold ``<path>/LOCK`` (flock, released when the process dies) naming our pid."""
-        fd = os.open(os.path.join(self.path, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise DataDirInUse(f"data dir {self.path} is in use by another bookie process (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        """Hold ``<path>/LOCK`` (see :func:`bookie.data_dir.lock_data_dir`)."""
+        self._lock_fd = data_dir.lock_data_dir(self.path)
 
     def _unlock_data_dir(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        data_dir.unlock_data_dir(self._lock_fd)
+        self._lock_fd = None
 
     def _format(self) -> None:
         """Delete the ledger database and the cookie (``--format``); the dir stays locked."""
-        for name in (DB_FILE_NAME, DB_FILE_NAME + "-wal", DB_FILE_NAME + "-shm", cookies.COOKIE_FILE_NAME):
-            try:
-                os.unlink(os.path.join(self.path, name))
-            except FileNotFoundError:
-                pass
-        log.warning("formatted data dir %s: every ledger stored on this bookie was deleted", self.path)
+        data_dir.format_data_dir(self.path)
 
     async def open(self, address: str = "", format: bool = False, create_cookie: bool = False) -> None:
         """Lock the data dir, open (creating if needed) the database, check the cookie
@@ -388,29 +261,9 @@ class LedgerStorage:
             log.info("closed %s (%d commits, %d entries)", self.db_path, self.commits, self.committed_entries)
 
     def _load_ledgers(self) -> None:
-        rows = self._wdb.execute("SELECT ledger_id, master_key, fenced, lac, last_entry_id FROM ledgers").fetchall()
-        self._ledgers = {r[0]: _Ledger(bytes(r[1]), bool(r[2]), r[3], r[4]) for r in rows}
+        self._ledgers = ledger_db.load_ledgers(self._wdb)
 
     # ------------------------------------------------------------------ writes
-
-    @staticmethod
-    def _write_group(db: sqlite3.Connection, deletes: list, rows: list, ledger_rows: list) -> None:
-        """One group commit: BEGIN, deletes, inserts, ledger records, COMMIT
-        (fsynced with journal_sync). Rolls back and re-raises on error."""
-        db.execute("BEGIN")
-        try:
-            for ledger_id in deletes:
-                db.execute("DELETE FROM entries WHERE ledger_id = ?", (ledger_id,))
-                db.execute("DELETE FROM ledgers WHERE ledger_id = ?", (ledger_id,))
-            if rows:
-                db.executemany(_INSERT_ENTRY, rows)
-            if ledger_rows:
-                db.executemany(_UPSERT_LEDGER, ledger_rows)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
 
     def add_entries(self, ops: Sequence[AddOp]) -> asyncio.Future:
         """Queue adds for the next group commit (BookKeeper addEntry).
@@ -484,293 +337,6 @@ class LedgerStorage:
                 usage, what = db_usage, (f"database uses {(pages - free) * PAGE_SIZE_BYTES} of "
                                          f"max_db_size_bytes={self.max_db_size_bytes} ({db_usage:.1%})")
         return usage, what
-
-    async def _submit(self, item: tuple):
-        if self._closing or self._wdb is None:
-            raise StorageClosed("bookie storage is closed")
-        fut = asyncio.get_running_loop().create_future()
-        self._enqueue((*item, fut))
-        return await fut
-
-    def _enqueue(self, item: tuple) -> None:
-        self._items.append(item)
-        if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Commit one group: everything queued, up to max_group_entries adds and
-        about max_group_bytes payload bytes; schedule the next group if more is queued.
-
-        A group of at most ``inline_commit_max_bytes`` payload bytes commits right
-        here, on the loop; a larger one on the journal thread, so that reading and
-        parsing the next requests overlaps SQLite's work (throughput). Groups
-        commit one at a time, in queue order."""
-        self._flush_handle = None
-        if self._journal_task is not None:
-            return  # the running journal-thread commit schedules the next flush
-        items = self._items
-        group: list = []
-        n = nbytes = 0
-        max_n, max_bytes = self.max_group_entries, self.max_group_bytes
-        while items and (not group or (n < max_n and nbytes < max_bytes)):
-            item = items.popleft()
-            group.append(item)
-            if item[0] == "add":
-                n += len(item[1])
-                for op in item[1]:
-                    nbytes += len(op[3])
-            else:
-                n += 1
-        if nbytes > self.inline_commit_max_bytes and not self._closing:
-            self._journal_task = self._loop.create_task(self._commit_on_journal(group))
-            self._journal_task.add_done_callback(lambda task, g=group: self._journal_done(task, g))
-            return
-        try:
-            prepared = self._prepare_group(group)
-            if prepared is not None:
-                self._write_group(self._wdb, *prepared[:3])
-                self._finish_group(group, prepared)
-        except Exception as exc:   # the commit (or a bug): no add of the group may hang
-            self._fail_group(group, exc)
-        finally:
-            self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        if self._closing:
-            return
-        if self._items:
-            if self._flush_handle is None:
-                self._flush_handle = self._loop.call_soon(self._flush)
-        elif self._vacuum_wanted and self._journal_task is None:
-            self._start_vacuum_step()
-
-    def _start_vacuum_step(self) -> None:
-        """One incremental-vacuum step on the journal thread (nothing else is queued);
-        groups queued meanwhile commit after it, then the next step runs."""
-        self._journal_task = self._loop.create_task(self._vacuum_on_journal())
-        self._journal_task.add_done_callback(self._vacuum_done)
-
-    async def _vacuum_on_journal(self) -> bool:
-        return await self._loop.run_in_executor(self._journal, self._vacuum_step, self._wdb, VACUUM_STEP_PAGES)
-
-    @staticmethod
-    def _vacuum_step(db: sqlite3.Connection, pages: int) -> bool:
-        """Return up to ``pages`` free pages to the filesystem; True if free pages remain.
-        The last step checkpoints the WAL (PASSIVE), which truncates the database file."""
-        db.executescript(f"PRAGMA incremental_vacuum({pages});")  # executescript: runs every step
-        if db.execute("PRAGMA freelist_count").fetchone()[0] > 0:
-            return True
-        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        return False
-
-    def _vacuum_done(self, task: asyncio.Task) -> None:
-        self._journal_task = None
-        if task.cancelled():
-            self._vacuum_wanted = False
-        elif task.exception() is not None:
-            log.warning("incremental vacuum of %s failed: %r (freed pages are still reused by adds)",
-                        self.db_path, task.exception())
-            self._vacuum_wanted = False
-        else:
-            self._vacuum_wanted = task.result()
-            if not self._vacuum_wanted:
-                log.info("incremental vacuum of %s done: database file is %d bytes", self.db_path,
-                         os.path.getsize(self.db_path))
-        self._schedule_flush()
-
-    async def _commit_on_journal(self, group: list) -> None:
-        prepared = self._prepare_group(group)
-        if prepared is None:
-            return
-        try:
-            await self._loop.run_in_executor(self._journal, self._write_group, self._wdb, *prepared[:3])
-        except Exception as exc:
-            self._fail_group(group, exc)
-        else:
-            self._finish_group(group, prepared)
-
-    def _journal_done(self, task: asyncio.Task, group: list) -> None:
-        self._journal_task = None
-        exc = asyncio.CancelledError() if task.cancelled() else task.exception()
-        if exc is not None:   # a bug or shutdown: no add of the group may hang
-            log.error("journal commit of %d items ended abnormally: %r", len(group), exc)
-            self._fail_group(group, exc)
-        self._schedule_flush()
-
-    def _prepare_group(self, group: list):
-        """Validate a group against the ledger records (updating them).
-
-        Returns ``(deletes, entry rows, ledger rows, outcomes, entry count)``,
-        or None after failing the group (a lookup failed)."""
-        try:
-            existing = self._fetch_possible_duplicates(group)
-            pending: dict[tuple[int, int], bytes] = {}
-            deletes: list[int] = []
-            touched: set[int] = set()
-            outcomes: list = []
-            for item in group:
-                kind = item[0]
-                if kind == "add":
-                    outcomes.append(self._apply_adds(item[1], pending, existing, touched))
-                elif kind == "fence":
-                    outcomes.append(self._apply_fence(item[1], item[2], touched))
-                else:
-                    outcomes.append(self._apply_delete(item[1], item[2], pending, existing, touched, deletes))
-            ledgers = self._ledgers
-            rows = [(k[0], k[1], p[0], p[1]) for k, p in pending.items()]
-            return deletes, rows, [ledgers[lid].row(lid) for lid in touched], outcomes, len(rows)
-        except Exception as exc:
-            self._fail_group(group, exc)
-            return None
-
-    def _fail_group(self, group: list, exc: BaseException) -> None:
-        """Storage failure: fail the whole group and reload the ledger records
-        (the in-memory view may hold the group's uncommitted changes).
-
-        Disk full (SQLITE_FULL): the storage turns read-only, the adds get
-        E_READ_ONLY, and fences/deletes are queued again, ahead of everything,
-        once (a delete is what frees space)."""
-        log.error("group commit of %d items failed: %r", len(group), exc)
-        try:
-            self._load_ledgers()
-        except Exception:
-            log.exception("reloading the ledger records after a failed commit failed")
-        full = is_disk_full(exc)
-        if full:
-            self.set_read_only(True, f"disk full: {exc}")
-        retry = []
-        for item in group:
-            fut = item[-1]
-            if full and item[0] != "add" and id(fut) not in self._full_retried and not fut.done():
-                self._full_retried.add(id(fut))
-                fut.add_done_callback(lambda f: self._full_retried.discard(id(f)))
-                retry.append(item)
-            elif full and item[0] == "add" and not fut.done():
-                msg = f"bookie is read-only: disk full ({exc})"
-                fut.set_result({i: (E_READ_ONLY, msg) for i in range(len(item[1]))})
-            else:
-                self._fail_item(item, exc)
-        if retry:
-            self._items.extendleft(reversed(retry))
-            self._schedule_flush()
-
-    def _finish_group(self, group: list, prepared: tuple) -> None:
-        """Resolve the futures of a committed group."""
-        self.commits += 1
-        self.committed_entries += prepared[4]
-        if prepared[0] and self._incremental_vacuum:
-            self._vacuum_wanted = True   # started by _schedule_flush once nothing is queued
-        for item, outcome in zip(group, prepared[3]):
-            fut = item[-1]
-            if fut.done():
-                continue
-            if isinstance(outcome, BaseException):
-                fut.set_exception(outcome)
-            else:
-                fut.set_result(outcome)
-
-    @staticmethod
-    def _fail_item(item: tuple, exc: BaseException) -> None:
-        fut = item[-1]
-        if fut.done():
-            return
-        if item[0] == "add":
-            msg = f"bookie storage error: {exc}"
-            fut.set_result({i: (E_BOOKIE_ERROR, msg) for i in range(len(item[1]))})
-        else:
-            fut.set_exception(exc if isinstance(exc, StorageError) else StorageError(str(exc)))
-
-    def _fetch_possible_duplicates(self, group: list) -> dict[tuple[int, int], bytes]:
-        """Load stored payloads of adds whose id is not above the ledger's last entry.
-
-        Entries above ``last_entry_id`` cannot be stored yet (the common,
-        append-only case) and need no lookup.
-        """
-        wanted: dict[int, set[int]] = {}
-        ledgers = self._ledgers
-        for item in group:
-            if item[0] != "add":
-                continue
-            for op in item[1]:
-                st = ledgers.get(op[0])
-                if st is not None and op[1] <= st.last_entry_id:
-                    wanted.setdefault(op[0], set()).add(op[1])
-        found: dict[tuple[int, int], bytes] = {}
-        db = self._wdb
-        for ledger_id, ids in wanted.items():
-            id_list = sorted(ids)
-            for i in range(0, len(id_list), 500):
-                chunk = id_list[i : i + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = db.execute(
-                    f"SELECT entry_id, payload FROM entries WHERE ledger_id = ? AND entry_id IN ({marks})",
-                    (ledger_id, *chunk),
-                ).fetchall()
-                for entry_id, payload in rows:
-                    found[(ledger_id, entry_id)] = payload
-        return found
-
-    def _apply_adds(self, ops, pending, existing, touched) -> AddErrors:
-        errors: AddErrors = {}
-        ledgers = self._ledgers
-        read_only = self.read_only
-        for i, op in enumerate(ops):
-            ledger_id, entry_id, key, payload, lac, recovery = op[:6]
-            if read_only and not recovery:
-                errors[i] = (E_READ_ONLY, f"bookie is read-only: {self.read_only_reason}")
-                continue
-            st = ledgers.get(ledger_id)
-            if st is None:
-                st = ledgers[ledger_id] = _Ledger(key)
-            elif st.master_key != key:
-                errors[i] = (E_UNAUTHORIZED_ACCESS, f"ledger {ledger_id}: master key does not match the ledger's")
-                continue
-            elif st.fenced and not recovery:
-                errors[i] = (E_LEDGER_FENCED, f"ledger {ledger_id} is fenced: only recovery adds are accepted")
-                continue
-            k = (ledger_id, entry_id)
-            old = pending.get(k)
-            if old is not None:
-                old = old[0]
-            else:
-                old = existing.get(k)
-            if old is None:
-                pending[k] = (payload, op[6] if len(op) > 6 else None)
-                if entry_id > st.last_entry_id:
-                    st.last_entry_id = entry_id
-            elif old != payload:
-                errors[i] = (
-                    E_DUPLICATE_ENTRY,
-                    f"entry {ledger_id}:{entry_id} is already stored with different content",
-                )
-                continue
-            if lac > st.lac:
-                st.lac = lac
-            touched.add(ledger_id)
-        return errors
-
-    def _apply_fence(self, ledger_id: int, key: bytes, touched: set):
-        st = self._ledgers.get(ledger_id)
-        if st is None:
-            st = self._ledgers[ledger_id] = _Ledger(key)
-        elif st.master_key != key:
-            return UnauthorizedAccess(f"ledger {ledger_id}: master key does not match the ledger's")
-        st.fenced = True
-        touched.add(ledger_id)
-        return (st.lac, st.last_entry_id)
-
-    def _apply_delete(self, ledger_id, key, pending, existing, touched, deletes):
-        st = self._ledgers.get(ledger_id)
-        if st is not None and key is not None and st.master_key != key:
-            return UnauthorizedAccess(f"ledger {ledger_id}: master key does not match the ledger's; not deleted")
-        existed = self._ledgers.pop(ledger_id, None) is not None
-        touched.discard(ledger_id)
-        for k in [k for k in pending if k[0] == ledger_id]:
-            del pending[k]
-        for k in [k for k in existing if k[0] == ledger_id]:
-            del existing[k]
-        deletes.append(ledger_id)
-        return existed
 
     # ------------------------------------------------------------------ reads
 
