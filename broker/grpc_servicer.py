@@ -19,6 +19,7 @@ from proto import broker_pb2_grpc
 from .service import admin
 from .service.broker_service import BrokerService
 from .service.consumer import Consumer, ConsumerWriter
+from .service.error_edge import to_pulsar
 from .service.errors import InvalidArgument, ServiceNotReady
 from .service.resources import check_subscription_name
 from .service.seek import find_position_by_publish_time
@@ -32,7 +33,9 @@ ANSWERS_PER_FRAME = 1024
 
 
 async def abort_with(context, exc: BaseException):
-    """End the call with the gRPC status for ``exc`` ("ClassName: message")."""
+    """End the call with the gRPC status for ``exc`` ("ClassName: message"),
+    translated at the broker's error edge (``service.error_edge.to_pulsar``)."""
+    exc = to_pulsar(exc)
     if not isinstance(exc, PulsarException):
         log.exception("internal error", exc_info=exc)
     code, details = to_status(exc)
@@ -42,7 +45,7 @@ async def abort_with(context, exc: BaseException):
 def _status_response(request_id: int, exc: Optional[BaseException]) -> pb.ConsumerResponse:
     if exc is None:
         return pb.ConsumerResponse(success=pb.CommandSuccess(request_id=request_id))
-    _, details = to_status(exc)
+    _, details = to_status(to_pulsar(exc))
     name, _, message = details.partition(": ")
     return pb.ConsumerResponse(error=pb.CommandError(request_id=request_id, error=name, message=message))
 
@@ -188,7 +191,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                         continue
                     if receipts:
                         await flush()
-                    _, details = to_status(exc)
+                    _, details = to_status(to_pulsar(exc))
                     name, _, message = details.partition(": ")
                     errors.append(pb.SendError(sequence_id=send.sequence_id, error=name, message=message))
                     if getattr(exc, "retriable", False) or producer.is_replicator:

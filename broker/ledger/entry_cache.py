@@ -173,10 +173,6 @@ class EntryCache:
         ``invalidateEntries(lastPosition)``, exclusive); returns (entries, bytes)."""
         return self._evict_before(position[0], position[1])
 
-    def invalidate_up_to(self, position: Position) -> tuple[int, int]:
-        """Drop every entry at or before ``position``; returns (entries, bytes)."""
-        return self._evict_before(position[0], position[1] + 1)
-
     def invalidate_older_than(self, cutoff: float) -> tuple[int, int]:
         """Drop the entries known to be inserted before ``cutoff`` (``time.monotonic()``
         seconds), i.e. up to the newest mark made at or before ``cutoff``; entries

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from bookie.client import LedgerHandle
 from bookie.errors import BKException, NoSuchEntryError, NoSuchLedgerError
-from broker.metadata.names import encode_path_segment
+from broker.metadata.names import encode_path_segment, ml_path
 from proto import metadata_pb2
 
 from .batch_index import BatchDeletedIndexes
+from .errors import InvalidCursorPosition, InvalidMarkDeletePosition, ManagedCursorError
 from .position import Entry, Position
 from .range_set import AckRangeSet
 
@@ -57,19 +58,6 @@ ENTRY_MARGIN_BYTES = 64 * 1024
 # is 1000 and silently drops the rest; here a larger state fails the persist, so
 # the acknowledgments are not confirmed instead of being lost).
 MAX_RANGES_IN_METADATA = 100_000
-
-
-class ManagedCursorError(Exception):
-    """Base of cursor errors (ManagedLedgerException for cursors)."""
-
-
-class InvalidMarkDeletePosition(ManagedCursorError):
-    """A position beyond the last confirmed entry of the managed ledger."""
-
-
-class InvalidCursorPosition(ManagedCursorError):
-    """Reset to a position that is not an entry of the managed ledger nor the
-    position after its last entry (Pulsar's InvalidCursorPositionException)."""
 
 
 class ManagedCursor:
@@ -119,7 +107,6 @@ class ManagedCursor:
     def path(self) -> str:
         """``/managed-ledgers/<ml>/<cursor>``: the cursor name URL-encoded into one
         path segment (Pulsar's Codec.encode), so names with '/' stay one node."""
-        from .managed_ledger import ml_path
 
         return f"{ml_path(self.ml.name)}/{self.path_segment}"
 
@@ -266,11 +253,6 @@ class ManagedCursor:
             end = self.individual_deleted.contiguous_end(pos.ledger_id, pos.entry_id)
             pos = self.ml.next_position(Position(pos.ledger_id, end))
         return pos
-
-    def has_more_entries(self) -> bool:
-        """True when an unacknowledged entry is confirmed at or after the read position."""
-        self.read_position = self._skip_acked(self.read_position)
-        return self.read_position <= self.ml.last_confirmed
 
     async def read_entries(self, max_count: int, max_bytes: int = 5 * 1024 * 1024) -> list[Entry]:
         """Up to ``max_count`` unacknowledged entries from the read position on (may

@@ -31,32 +31,22 @@ import dataclasses
 import logging
 import time
 import weakref
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from bookie.client import BookKeeper, LedgerHandle
 from bookie.errors import BKException, EntryTooLargeError, LedgerFencedError, NoSuchLedgerError
 from proto import metadata_pb2
 
+from broker.metadata.names import ml_path
+
 from .entry_cache import EntryCache, EntryCacheManager
+from .errors import ManagedLedgerClosedError, ManagedLedgerError, ManagedLedgerFencedError
 from .position import Entry, Position
 
+if TYPE_CHECKING:
+    from .managed_cursor import ManagedCursor
+
 log = logging.getLogger(__name__)
-
-
-class ManagedLedgerError(Exception):
-    """Base of managed-ledger errors (ManagedLedgerException)."""
-
-
-class ManagedLedgerFencedError(ManagedLedgerError):
-    """Another broker took the ledger over (its ledger was fenced); this instance is unusable."""
-
-
-class ManagedLedgerClosedError(ManagedLedgerError):
-    """Operation on a closed managed ledger."""
-
-
-class InvalidPositionError(ManagedLedgerError):
-    """A position outside the managed ledger's ledgers."""
 
 
 @dataclasses.dataclass
@@ -103,11 +93,6 @@ class ManagedLedgerConfig(ManagedLedgerSettings):
     max_entry_size_bytes: int = 5 * 1024 * 1024
 
 
-def ml_path(name: str) -> str:
-    """Metadata path of a managed ledger; ``name`` like ``tenant/ns/persistent/topic``."""
-    return f"/managed-ledgers/{name}"
-
-
 class ManagedLedger:
     """A topic's append-only log. Create through ``ManagedLedgerFactory.open``."""
 
@@ -125,7 +110,7 @@ class ManagedLedger:
         self._current_entries = 0
         self._current_size = 0
         self.last_confirmed: Position = Position(-1, -1)
-        self.cursors: dict[str, "ManagedCursor"] = {}  # noqa: F821 (durable and non-durable)
+        self.cursors: dict[str, "ManagedCursor"] = {}  # durable and non-durable
         self.cache: EntryCache = factory.cache_manager.new_cache(name, self.cache_eviction_position)
         self._readers: list[weakref.ref] = []   # non-durable cursors (weak: dropped readers vanish), for the cache
         self._queued: list[tuple[bytes, asyncio.Future]] = []
@@ -433,6 +418,39 @@ class ManagedLedger:
             return Position(self.current.ledger_id, 0)
         return Position(pos.ledger_id, pos.entry_id + 1)
 
+    def previous_position(self, pos: Position) -> Position:
+        """The entry before ``pos``: the previous entry of its ledger, or the last
+        entry of the newest earlier non-empty ledger; ``Position(-1, -1)`` when
+        there is none (Pulsar's ManagedLedger.getPreviousPosition)."""
+        if pos.entry_id > 0 and pos.ledger_id in self.ledgers:
+            return Position(pos.ledger_id, min(pos.entry_id, self.ledger_entries(pos.ledger_id)) - 1)
+        for lid in sorted(self.ledgers, reverse=True):
+            if lid < pos.ledger_id and self.ledger_entries(lid) > 0:
+                return Position(lid, self.ledger_entries(lid) - 1)
+        return Position(-1, -1)
+
+    def position_at_index(self, index: int) -> Position:
+        """The ``index``-th stored entry (0 = the oldest kept), counting over the
+        ledgers in order (Pulsar's getPositionAfterN from the first position).
+        Raises IndexError when ``index`` is not below ``number_of_entries``."""
+        if index >= 0:
+            for lid in sorted(self.ledgers):
+                n = self.ledger_entries(lid)
+                if index < n:
+                    return Position(lid, index)
+                index -= n
+        raise IndexError(f"no entry at index {index} of {self.name}")
+
+    def ledgers_info(self) -> list[tuple[int, int, int]]:
+        """``(ledger_id, entries, size in bytes)`` of every ledger, oldest first
+        (Pulsar's getLedgersInfo; the current ledger's entries are its LAC + 1)."""
+        return [(lid, self.ledger_entries(lid), li.size) for lid, li in sorted(self.ledgers.items())]
+
+    @property
+    def is_closed(self) -> bool:
+        """True once ``close()`` or ``delete()`` ran (ManagedLedger.isClosed)."""
+        return self._closed
+
     def first_position(self) -> Position:
         """The first readable position (entry 0 of the oldest non-empty ledger)."""
         for lid in sorted(self.ledgers):
@@ -443,10 +461,6 @@ class ManagedLedger:
     def is_entry(self, pos: Position) -> bool:
         """True when ``pos`` is a confirmed entry of a ledger of this managed ledger."""
         return pos.ledger_id in self.ledgers and 0 <= pos.entry_id < self.ledger_entries(pos.ledger_id)
-
-    def has_entries_at(self, pos: Position) -> bool:
-        """True when ``pos`` (or something after it) is confirmed."""
-        return pos <= self.last_confirmed
 
     def count_entries_between(self, after: Position, upto: Position) -> int:
         """Number of confirmed entries p with ``after < p <= upto``."""
@@ -569,7 +583,7 @@ class ManagedLedger:
 
     # ---- cursors --------------------------------------------------------
     async def open_cursor(self, name: str, initial_position: str = "latest",
-                          properties: Optional[dict[str, int]] = None) -> "ManagedCursor":  # noqa: F821
+                          properties: Optional[dict[str, int]] = None) -> "ManagedCursor":
         """Open (recover) or create the durable cursor ``name``; a new cursor starts
         after the last entry (``latest``) or before the first (``earliest``)."""
         from .managed_cursor import ManagedCursor
@@ -582,7 +596,7 @@ class ManagedLedger:
         return cursor
 
     def new_non_durable_cursor(self, start: Position, name: Optional[str] = None,
-                               inclusive: bool = True) -> "ManagedCursor":  # noqa: F821
+                               inclusive: bool = True) -> "ManagedCursor":
         """A cursor kept only in memory (Reader); it does not hold back trimming."""
         from .managed_cursor import ManagedCursor
 

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
-__all__ = ["encode_path_segment", "decode_path_segment"]
+__all__ = ["encode_path_segment", "decode_path_segment", "ml_path"]
+
+
+def ml_path(name: str) -> str:
+    """Metadata path of a managed ledger (``/managed-ledgers/<name>``, Pulsar's
+    layout); ``name`` like ``tenant/ns/persistent/topic``. Its cursors are the
+    children ``<ml_path>/<encode_path_segment(cursor name)>``."""
+    return f"/managed-ledgers/{name}"
 
 
 def encode_path_segment(name: str) -> str:

@@ -228,7 +228,7 @@ class ReplicatedSubscriptionsController:
         """Record the origin of the entry just stored at ``pos`` (``md``: its
         MessageMetadata): ``replicated_from`` and its source position, else this
         cluster and ``pos``; markers are skipped. Keeps the last ORIGIN_INDEX_MAX."""
-        if md.HasField("marker_type"):
+        if markers.is_marker(md):
             return
         if md.HasField("replicated_from"):
             origin = (md.replicated_from, md.replicated_source_ledger_id, md.replicated_source_entry_id)
@@ -262,7 +262,7 @@ class ReplicatedSubscriptionsController:
                 md = peek_metadata(data)
             except CorruptedMessage:
                 return
-            if md.HasField("marker_type"):
+            if markers.is_marker(md):
                 return
             if md.HasField("replicated_from"):
                 ids.append((md.replicated_from, Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)))
@@ -326,7 +326,7 @@ class ReplicatedSubscriptionsController:
         if last_range is None:
             return
         highest = Position(*last_range[1])
-        markers_between = [p for p in self.topic.marker_positions if md < p <= highest]
+        markers_between = self.topic.markers.between(md, highest)
         if markers_between:
             try:
                 cursor.delete_nowait(markers_between)

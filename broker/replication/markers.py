@@ -8,8 +8,9 @@ messages of proto/pulsar_api.proto (PulsarMarkers.proto in Pulsar).
 """
 from __future__ import annotations
 
+import bisect
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 from broker.ledger.position import Position
 from proto.entry_format import decode_entry, encode_entry
@@ -84,11 +85,64 @@ _PARSERS = {
 }
 
 
+def is_marker(md) -> bool:
+    """True when ``md`` (an entry's MessageMetadata) is a marker's: server-only,
+    never dispatched to consumers, never counted in backlogs (Pulsar's
+    ``Markers.isServerOnlyMarker``, here every marker type is server-only)."""
+    return md.HasField("marker_type")
+
+
+class MarkerIndex:
+    """The positions of a topic's markers that some cursor may not have passed,
+    ascending (a sorted list of ``Position``): what lets backlog figures exclude
+    markers (Pulsar issue #22926) and UPDATE handling acknowledge them. Filled as
+    markers are written (``add``) and by the backlog scan after a restart
+    (``merge``), pruned behind the slowest cursor (``prune``); memory is one
+    Position per marker not yet passed by every cursor."""
+
+    def __init__(self) -> None:
+        self.positions: list[Position] = []
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def add(self, pos: Position) -> None:
+        """A marker was stored at ``pos`` (usually after every known one)."""
+        if not self.positions or self.positions[-1] < pos:
+            self.positions.append(pos)
+        elif pos not in self.positions:
+            bisect.insort(self.positions, pos)
+
+    def merge(self, found: Iterable[Position]) -> None:
+        """Markers found by a backlog scan (any order, duplicates allowed)."""
+        self.positions = sorted(set(found) | set(self.positions))
+
+    def prune(self, slowest: Optional[Position]) -> None:
+        """Forget the markers at or before ``slowest`` (the slowest cursor's
+        mark-delete position; None: no cursor, keep everything)."""
+        if slowest is not None and self.positions and self.positions[0] <= slowest:
+            del self.positions[:bisect.bisect_right(self.positions, slowest)]
+
+    def between(self, after: Position, upto: Position) -> list[Position]:
+        """Markers ``p`` with ``after < p <= upto``, ascending."""
+        lo = bisect.bisect_right(self.positions, after)
+        hi = bisect.bisect_right(self.positions, upto)
+        return self.positions[lo:hi]
+
+    def in_backlog(self, cursor) -> int:
+        """Markers after ``cursor``'s mark-delete position it has not acknowledged
+        individually (``cursor``: a ManagedCursor); a count."""
+        md = cursor.mark_delete_position
+        if not self.positions or self.positions[-1] <= md:
+            return 0
+        return sum(1 for p in self.between(md, self.positions[-1]) if not cursor.is_acknowledged(p))
+
+
 def parse(data: bytes):
     """(marker_type, parsed marker message) of a marker entry; ValueError for
     non-marker or unknown marker entries, CorruptedMessage for bad bytes."""
     md, payload = decode_entry(data)
-    if not md.HasField("marker_type") or md.marker_type not in _PARSERS:
+    if not is_marker(md) or md.marker_type not in _PARSERS:
         raise ValueError(f"not a replicated-subscription marker (marker_type={md.marker_type})")
     msg = _PARSERS[md.marker_type]()
     msg.ParseFromString(bytes(payload))

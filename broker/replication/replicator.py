@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Optional
 import grpc
 
 from broker.ledger.position import Entry, Position
+from broker.replication.markers import is_marker
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
 from proto.common import REPLICATOR_CURSOR_PREFIX, grpc_message_size_options, source_sequence_id
@@ -166,7 +167,7 @@ class Replicator:
                 pass
         if self._channel is not None:
             await self._channel.close()
-        if delete_cursor and not self.topic.ml._closed:
+        if delete_cursor and not self.topic.ml.is_closed:
             await self.topic.ml.delete_cursor(self.cursor_name)
         self.connected = False
 
@@ -315,12 +316,12 @@ class Replicator:
         if md.HasField("replicated_from"):
             # Never forwarded (loop prevention); markers from this replicator's
             # remote drive the replicated-subscription protocol here.
-            if md.HasField("marker_type") and md.replicated_from == self.remote_cluster:
+            if is_marker(md) and md.replicated_from == self.remote_cluster:
                 self.topic.received_replicated_marker(self.remote_cluster, entry, md)
             return None
         if md.replicate_to and self.remote_cluster not in md.replicate_to:
             return None
-        if not md.HasField("marker_type"):
+        if not is_marker(md):
             ttl = self.topic.message_ttl_seconds
             if ttl > 0 and md.publish_time and md.publish_time < (time.time() - ttl) * 1000:
                 self.msg_expired_counter += 1

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from broker.ledger.batch_index import MAX_BATCH_SIZE
 from broker.ledger.position import Entry, Position
+from broker.replication.markers import is_marker
 from proto.entry_format import peek_metadata
 from proto.errors import CorruptedMessage
 from proto.hashing import murmur3_32_hash
@@ -335,7 +336,7 @@ class Dispatcher:
                           self.subscription.name, entry.position, exc)
                 to_ack.append(entry.position)
                 continue
-            if md.HasField("marker_type"):
+            if is_marker(md):
                 self.subscription.on_marker(entry, md)
                 to_ack.append(entry.position)
                 continue

@@ -11,18 +11,10 @@ from proto.errors import CorruptedMessage
 async def find_position_by_publish_time(ml: ManagedLedger, timestamp_ms: int) -> Position:
     """The first position whose publish_time >= ``timestamp_ms`` (ms since epoch);
     the position after the last entry when every entry is older. O(log n) reads."""
-    ledgers = [(lid, ml.ledger_entries(lid)) for lid in sorted(ml.ledgers) if ml.ledger_entries(lid) > 0]
-    total = sum(n for _, n in ledgers)
-
-    def position_at(index: int) -> Position:
-        for lid, n in ledgers:
-            if index < n:
-                return Position(lid, index)
-            index -= n
-        raise IndexError(index)
+    total = ml.number_of_entries
 
     async def publish_time(index: int) -> int:
-        entries = await ml.read_entries(position_at(index), 1)
+        entries = await ml.read_entries(ml.position_at_index(index), 1)
         try:
             return peek_metadata(entries[0].data).publish_time
         except (CorruptedMessage, IndexError):
@@ -37,4 +29,4 @@ async def find_position_by_publish_time(ml: ManagedLedger, timestamp_ms: int) ->
             hi = mid
     if lo >= total:
         return ml.next_position(ml.last_confirmed)
-    return position_at(lo)
+    return ml.position_at_index(lo)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError
 from broker.ledger.position import Position
+from broker.replication.markers import MarkerIndex, is_marker
 from proto.entry_format import peek_metadata, verify_checksum
 from proto.errors import CorruptedMessage, MessageTooBig, ProducerBusy
 from proto.topic_name import TopicName
@@ -42,7 +43,7 @@ def dedup_key(md) -> Optional[tuple[str, int]]:
             return None
         return (REPLICATOR_PREFIX + md.replicated_from,
                 (md.replicated_source_ledger_id << 32) | md.replicated_source_entry_id)
-    if md.HasField("marker_type"):
+    if is_marker(md):
         return None
     if md.HasField("num_chunks_from_msg") and md.chunk_id != md.num_chunks_from_msg - 1:
         return None   # dedup state advances on the last chunk only, live and on replay (Pulsar #20948)
@@ -94,7 +95,7 @@ class PersistentTopic:
         self._dedup_last_position: Optional[Position] = None
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
-        self.marker_positions: list[Position] = []     # markers written, to exclude them from backlog figures
+        self.markers = MarkerIndex()                     # markers not passed by every cursor (backlog figures)
         self.closed = False
         self.replicators: dict[str, object] = {}        # remote cluster -> replicator (geo-replication)
         self.message_ttl_seconds = 0                     # namespace policy; replicators skip expired entries
@@ -148,7 +149,7 @@ class PersistentTopic:
                     if e.position > end:
                         break
                     try:
-                        if peek_metadata(e.data).HasField("marker_type"):
+                        if is_marker(peek_metadata(e.data)):
                             found.append(e.position)
                     except CorruptedMessage:
                         continue
@@ -159,7 +160,7 @@ class PersistentTopic:
         except Exception as exc:   # noqa: BLE001 - backlog figures only
             log.warning("[%s] scanning the backlog for markers stopped after %d entries: %r", self.name, scanned, exc)
         if found:
-            self.marker_positions = sorted(set(found) | set(self.marker_positions))
+            self.markers.merge(found)
             log.info("[%s] %d markers found in the backlog (%d entries scanned)", self.name, len(found), scanned)
         if scanned >= max_entries or nbytes >= max_bytes:
             log.info("[%s] backlog marker scan stopped at %d entries: markers after %s count in backlogs "
@@ -294,8 +295,8 @@ class PersistentTopic:
             self.bytes_in_counter += len(data)
             producer.msg_in_counter += n
             producer.bytes_in_counter += len(data)
-            if md.HasField("marker_type"):
-                self.marker_positions.append(pos)
+            if is_marker(md):
+                self.markers.add(pos)
             else:
                 self.last_data_publish_ms = int(time.time() * 1000)
             if self.controller is not None:
@@ -345,7 +346,7 @@ class PersistentTopic:
 
         def done(f):
             if f.exception() is None:
-                self.marker_positions.append(f.result())
+                self.markers.add(f.result())
             else:
                 log.warning("[%s] writing a marker failed: %s", self.name, f.exception())
 
@@ -371,32 +372,29 @@ class PersistentTopic:
         when there is no message."""
         ml = self.ml
         pos = ml.last_confirmed
-        ledgers = sorted(ml.ledgers)
         for _ in range(max_markers):
             if pos.entry_id < 0:
-                earlier = [lid for lid in ledgers if lid < pos.ledger_id and ml.ledger_entries(lid) > 0]
-                if not earlier:
+                pos = ml.previous_position(pos)
+                if pos.entry_id < 0:
                     return Position(-1, -1)
-                pos = Position(earlier[-1], ml.ledger_entries(earlier[-1]) - 1)
                 continue
             entries = await ml.read_entries(pos, 1)
             if not entries or entries[0].position != pos:
                 return pos
             try:
-                if not peek_metadata(entries[0].data).HasField("marker_type"):
+                if not is_marker(peek_metadata(entries[0].data)):
                     return pos
             except CorruptedMessage:
                 return pos
-            pos = Position(pos.ledger_id, pos.entry_id - 1)
+            pos = ml.previous_position(pos)
+            if pos.entry_id < 0:
+                return Position(-1, -1)
         return pos
 
     def prune_marker_positions(self) -> None:
         """Forget markers every cursor has passed (bounded memory)."""
-        if not self.marker_positions:
-            return
-        slowest = min((c.mark_delete_position for c in self.ml.cursors.values()), default=self.ml.last_confirmed)
-        if self.marker_positions[0] <= slowest:
-            self.marker_positions = [p for p in self.marker_positions if p > slowest]
+        self.markers.prune(min((c.mark_delete_position for c in self.ml.cursors.values()),
+                               default=self.ml.last_confirmed))
 
     # ---- subscriptions --------------------------------------------------
     async def subscribe(self, sub: pb.Subscribe, consumer: Consumer) -> Subscription:
@@ -437,10 +435,7 @@ class PersistentTopic:
     def markers_in_backlog(self, cursor) -> int:
         """Markers after ``cursor``'s mark-delete position not yet acknowledged by it
         (so user-visible backlogs exclude them, unlike Pulsar issue #22926)."""
-        md = cursor.mark_delete_position
-        if not self.marker_positions or self.marker_positions[-1] <= md:
-            return 0
-        return sum(1 for p in self.marker_positions if p > md and not cursor.is_acknowledged(p))
+        return self.markers.in_backlog(cursor)
 
     # ---- figures --------------------------------------------------------
     def stats(self) -> dict:
@@ -494,8 +489,8 @@ class PersistentTopic:
             "totalSize": self.ml.total_size,
             "currentLedgerEntries": self.ml.ledger_entries(self.ml.current.ledger_id) if self.ml.current else 0,
             "lastConfirmedEntry": str(self.ml.last_confirmed),
-            "ledgers": [{"ledgerId": lid, "entries": self.ml.ledger_entries(lid), "size": li.size}
-                        for lid, li in sorted(self.ml.ledgers.items())],
+            "ledgers": [{"ledgerId": lid, "entries": entries, "size": size}
+                        for lid, entries, size in self.ml.ledgers_info()],
             "cursors": {name: {"markDeletePosition": str(c.mark_delete_position),
                                "readPosition": str(c.read_position),
                                "individuallyDeletedMessages": c.individual_deleted.size(),
