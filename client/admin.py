@@ -18,6 +18,7 @@ import grpc
 
 from client.connection import create_channel, map_rpc_error, parse_service_url
 from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration
+from client.loop_thread import LoopThread
 from client.message_id import MessageId
 from proto import broker_pb2 as pb
 from proto.broker_pb2_grpc import PulsarBrokerStub
@@ -294,7 +295,6 @@ class SyncAdminClient:
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connect_timeout_seconds: float = 2):
-        from client.sync import LoopThread
         parse_service_url(service_url)  # fail early, in the caller's thread
         self._lt = LoopThread("minipulsar-admin")
         self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds)
