@@ -146,8 +146,9 @@ def check_body(method: str, body: dict) -> dict:
 async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
     """Run one admin verb; returns the JSON answer (sorted keys). Raises
     InvalidArgument for an unknown verb, a body longer than the broker config's
-    ``http_max_request_size`` (Pulsar's httpMaxRequestSize; compared with the
-    body's length in characters, before it is parsed), malformed JSON, JSON that
+    ``http_max_request_size`` (Pulsar's httpMaxRequestSize; 1 MiB for a service
+    without a config; compared with the body's length in characters, before it
+    is parsed), malformed JSON, JSON that
     is not an object, or a body that does not fit the verb's fields
     (:func:`check_body`), and the handler's errors."""
     if not isinstance(method, str) or method not in HANDLERS:
