@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Optional
 
-from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerSettings
+from broker.ledger.ml_config import ManagedLedgerConfig, ManagedLedgerSettings
 
 
 @dataclasses.dataclass

@@ -43,7 +43,8 @@ from hdrh.histogram import HdrHistogram  # noqa: E402
 
 from bookie.client import BookKeeper  # noqa: E402
 from broker.ledger.managed_cursor import ManagedCursor  # noqa: E402
-from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory  # noqa: E402
+from broker.ledger.factory import ManagedLedgerFactory  # noqa: E402
+from broker.ledger.ml_config import ManagedLedgerConfig  # noqa: E402
 from broker.ledger.position import Position  # noqa: E402
 from broker.metadata import SqliteMetadataStore  # noqa: E402
 from tests.procs import ProcessTracker, start_bookie  # noqa: E402

@@ -27,7 +27,6 @@ Follows Pulsar's ``ManagedLedgerImpl``:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import weakref
@@ -39,58 +38,15 @@ from proto import metadata_pb2
 
 from broker.metadata.names import ml_path
 
-from .entry_cache import EntryCache, EntryCacheManager
+from .entry_cache import EntryCache
 from .errors import ManagedLedgerClosedError, ManagedLedgerError, ManagedLedgerFencedError
 from .position import Entry, Position
 
 if TYPE_CHECKING:
+    from .factory import ManagedLedgerFactory
     from .managed_cursor import ManagedCursor
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class ManagedLedgerSettings:
-    """The broker.conf keys (snake_case) that configure managed ledgers; the
-    broker's own config (``broker.config.BrokerConfig``) inherits them.
-
-    Rollover when a ledger holds ``managed_ledger_max_entries_per_ledger``
-    entries or ``..._max_size_per_ledger_mb`` MiB, once it is at least
-    ``..._min_ledger_rollover_time_minutes`` old, and at the latest after
-    ``..._max_ledger_rollover_time_minutes``; new ledgers get ensemble size E,
-    write quorum Qw and ack quorum Qa; the entry cache holds up to
-    ``managed_ledger_cache_size_mb`` MiB; a cursor ledger rolls over after
-    ``managed_ledger_cursor_max_entries_per_ledger`` entries.
-    """
-
-    managed_ledger_max_entries_per_ledger: int = 50000
-    managed_ledger_max_size_per_ledger_mb: int = 2048
-    managed_ledger_min_ledger_rollover_time_minutes: float = 10.0
-    managed_ledger_max_ledger_rollover_time_minutes: float = 240.0
-    managed_ledger_default_ensemble_size: int = 2
-    managed_ledger_default_write_quorum: int = 2
-    managed_ledger_default_ack_quorum: int = 2
-    managed_ledger_cache_size_mb: int = 256
-    # Entry cache eviction (Pulsar's managedLedgerCacheEvictionIntervalMs, ...TimeThresholdMillis,
-    # ...Watermark, cacheEvictionByMarkDeletedPosition); see broker/ledger/entry_cache.py.
-    managed_ledger_cache_eviction_interval_ms: int = 10
-    managed_ledger_cache_eviction_time_threshold_millis: int = 1000
-    managed_ledger_cache_eviction_watermark: float = 0.9
-    cache_eviction_by_mark_deleted_position: bool = False
-    managed_ledger_cursor_max_entries_per_ledger: int = 50000
-    # Pulsar's defaultRetentionTimeInMinutes / defaultRetentionSizeInMB:
-    # consumed ledgers are kept while within either limit; -1 = keep forever.
-    default_retention_time_in_minutes: int = 0
-    default_retention_size_in_mb: int = 0
-
-
-@dataclasses.dataclass
-class ManagedLedgerConfig(ManagedLedgerSettings):
-    """Managed-ledger settings (Pulsar's ManagedLedgerConfig): the broker.conf
-    keys of :class:`ManagedLedgerSettings` plus the largest entry accepted,
-    ``max_entry_size_bytes`` (the broker derives it from max_message_size)."""
-
-    max_entry_size_bytes: int = 5 * 1024 * 1024
 
 
 class ManagedLedger:
@@ -738,56 +694,3 @@ class ManagedLedger:
             await self.bk.delete_ledger(lid)
         if await self.metadata.exists(ml_path(self.name)):
             await self.metadata.delete(ml_path(self.name))
-
-
-class ManagedLedgerFactory:
-    """Opens managed ledgers by name and shares the bookie client and entry cache
-    (Pulsar's ManagedLedgerFactoryImpl)."""
-
-    def __init__(self, metadata, bk: BookKeeper, config: Optional[ManagedLedgerConfig] = None):
-        self.metadata = metadata
-        self.bk = bk
-        self.config = config or ManagedLedgerConfig()
-        c = self.config
-        self.cache_manager = EntryCacheManager(c.managed_ledger_cache_size_mb * 1024 * 1024,
-                                               c.managed_ledger_cache_eviction_watermark,
-                                               c.managed_ledger_cache_eviction_interval_ms,
-                                               c.managed_ledger_cache_eviction_time_threshold_millis)
-        self._ledgers: dict[str, ManagedLedger] = {}
-        self._opening: dict[str, asyncio.Task] = {}
-
-    async def open(self, name: str) -> ManagedLedger:
-        """Open (recovering) or create the managed ledger ``name``; concurrent opens share one."""
-        ml = self._ledgers.get(name)
-        if ml is not None:
-            return ml
-        task = self._opening.get(name)
-        if task is None:
-            task = self._opening[name] = asyncio.create_task(self._do_open(name))
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._opening.pop(name, None)
-
-    async def _do_open(self, name: str) -> ManagedLedger:
-        ml = ManagedLedger(self, name)
-        await ml._open()
-        from broker.metadata.names import decode_path_segment
-
-        from .managed_cursor import ManagedCursor
-
-        for segment in await self.metadata.get_children(ml_path(name)):   # URL-encoded cursor names
-            cursor = await ManagedCursor.recover(ml, decode_path_segment(segment), path_segment=segment)
-            ml.cursors[cursor.name] = cursor
-        self._ledgers[name] = ml
-        return ml
-
-    def _forget(self, ml: ManagedLedger) -> None:
-        if self._ledgers.get(ml.name) is ml:
-            del self._ledgers[ml.name]
-
-    async def close(self) -> None:
-        for ml in list(self._ledgers.values()):
-            await ml.close()
-        await self.cache_manager.close()

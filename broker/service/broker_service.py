@@ -9,7 +9,7 @@ from typing import Optional
 
 from bookie.client import BookKeeper
 from broker.config import BrokerConfig
-from broker.ledger.managed_ledger import ManagedLedgerFactory
+from broker.ledger.factory import ManagedLedgerFactory
 from broker.metadata import MetadataStore
 from proto.errors import NotAllowed, TopicNotFound
 from proto.topic_name import TopicName

@@ -9,7 +9,8 @@ import uuid
 import weakref
 from typing import TYPE_CHECKING, Optional
 
-from broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError
+from broker.ledger.errors import ManagedLedgerError, ManagedLedgerFencedError
+from broker.ledger.managed_ledger import ManagedLedger
 from broker.ledger.position import Position
 from broker.replication.markers import MarkerIndex, is_marker
 from proto.entry_format import peek_metadata, verify_checksum

@@ -28,7 +28,9 @@ import pytest
 
 from bookie.client import BookKeeper
 from broker.ledger.managed_cursor import InvalidCursorPosition, ManagedCursorError
-from broker.ledger.managed_ledger import ManagedLedgerClosedError, ManagedLedgerConfig, ManagedLedgerFactory
+from broker.ledger.errors import ManagedLedgerClosedError
+from broker.ledger.factory import ManagedLedgerFactory
+from broker.ledger.ml_config import ManagedLedgerConfig
 from broker.ledger.position import Position
 from proto import metadata_pb2
 

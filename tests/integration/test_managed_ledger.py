@@ -9,7 +9,8 @@ import pytest
 
 from bookie.client import BookKeeper
 from bookie.errors import LedgerFencedError
-from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from broker.ledger.factory import ManagedLedgerFactory
+from broker.ledger.ml_config import ManagedLedgerConfig
 from broker.ledger.position import Position
 from broker.metadata import SqliteMetadataStore
 

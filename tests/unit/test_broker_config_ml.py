@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from broker.config import BrokerConfig
-from broker.ledger.managed_ledger import ManagedLedgerConfig, ManagedLedgerSettings
+from broker.ledger.ml_config import ManagedLedgerConfig, ManagedLedgerSettings
 
 
 def test_every_managed_ledger_key_reaches_the_managed_ledger_config():
