@@ -233,10 +233,12 @@ class LedgerStorage(GroupCommitJournal):
         )
 
     async def close(self) -> None:
-        """Commit everything already queued and close the database.
+        """Commit everything already queued and close the database (BookKeeper's
+        ``Bookie.shutdown``: the journal is drained before the ledger storage closes).
 
-        Operations submitted after close() starts fail with :class:`StorageClosed`.
-        Idempotent.
+        Operations submitted after close() starts fail with :class:`StorageClosed`
+        (adds: E_BOOKIE_ERROR). Releases the data dir's lock. Idempotent; raises
+        ``sqlite3.Error`` only if closing the database fails.
         """
         if self._wdb is None:
             return
@@ -311,7 +313,9 @@ class LedgerStorage(GroupCommitJournal):
         return await self._submit(("delete", ledger_id, master_key))
 
     def set_read_only(self, read_only: bool, reason: str = "") -> None:
-        """Enter or leave read-only mode (the bookie server's disk monitor decides)."""
+        """Enter or leave read-only mode (the bookie server's disk monitor decides;
+        BookKeeper's read-only bookie, LedgerDirsMonitor). ``reason``: logged and kept in
+        ``read_only_reason`` (the E_READ_ONLY messages). Never raises."""
         if read_only != self.read_only:
             if read_only:
                 log.warning("bookie storage %s is now READ-ONLY: %s", self.path, reason)

@@ -21,27 +21,32 @@ __all__ = ["StorageError", "StorageClosed", "LedgerNotFound", "UnauthorizedAcces
 
 
 class StorageError(Exception):
-    """Base of the bookie storage errors (maps to a gRPC status at the edge)."""
+    """Base of the bookie storage errors (maps to a gRPC status at the edge, ``bookie.server``);
+    also raised, with the message of the cause, for a failed commit of a fence or delete."""
 
 
 class StorageClosed(StorageError):
-    """The storage was closed; the operation was not executed."""
+    """The storage was closed (or is closing); the operation was not executed (gRPC UNAVAILABLE)."""
 
 
 class LedgerNotFound(StorageError):
-    """This bookie holds no record of the ledger (never written, or deleted)."""
+    """This bookie holds no record of the ledger (never written, or deleted): BookKeeper's
+    NoSuchLedgerExistsException (gRPC NOT_FOUND)."""
 
 
 class UnauthorizedAccess(StorageError):
-    """The master key differs from the one the ledger was created with."""
+    """The master key differs from the one the ledger was created with: BookKeeper's
+    UnauthorizedAccessException (gRPC PERMISSION_DENIED)."""
 
 
 class EntriesNotStored(StorageError):
-    """Some entry of a requested range is not stored on this bookie."""
+    """Some entry of a requested range is not stored on this bookie: BookKeeper's
+    NoSuchEntryException (gRPC OUT_OF_RANGE)."""
 
 
 class DataDirInUse(StorageError):
-    """Another process holds the data dir's lock."""
+    """Another process holds the data dir's lock (``LOCK``, see :mod:`bookie.data_dir`);
+    the bookie refuses to start."""
 
 
 def is_disk_full(exc: BaseException) -> bool:

