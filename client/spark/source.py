@@ -12,7 +12,8 @@
     stream = spark.readStream.format("minipulsar").option(...).load()
 
 Options: see ``client.spark.options``; offsets: ``client.spark.offsets``; the
-streaming reader: ``client.spark.stream``.
+streaming reader: ``client.spark.stream``; the input partitions both readers
+plan: ``client.spark.input_partitions``.
 
 Rows (``SCHEMA``): ``topic`` (the topic, not the partition's name),
 ``partition`` (index, -1 when not partitioned), ``message_id``
@@ -54,10 +55,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import (BinaryType, IntegerType, MapType, StringType, StructField, StructType,
                                TimestampType)
 
-from client.spark.ledgers import next_ledger_after, plan_ledgers
-from client.spark.offsets import EARLIEST, Position, TopicPartition, possible_data_loss, resolve_offsets
+from client.spark.input_partitions import MinipulsarPartition, lost_message, partition_range, read_input_partition
+from client.spark.offsets import EARLIEST, possible_data_loss, resolve_offsets
 from client.spark.options import SourceError, SourceOptions
-from client.spark.partition_reader import PartitionRange, read_partition
 
 __all__ = ["FORMAT", "SCHEMA", "MinipulsarDataSource", "MinipulsarBatchReader", "MinipulsarPartition"]
 
@@ -78,75 +78,6 @@ SCHEMA = StructType([
     StructField("replicated_from", StringType()),
     StructField("redelivery_count", IntegerType()),
 ])
-
-
-class MinipulsarPartition(InputPartition):
-    """One Spark input partition: a ``PartitionRange`` (picklable)."""
-
-    def __init__(self, value: PartitionRange):
-        super().__init__(value)
-
-
-def _arrow_schema(schema: StructType):
-    from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(schema, timezone="UTC")
-
-
-def _read(partition: InputPartition, schema: StructType) -> Iterator:
-    value = getattr(partition, "value", None)
-    if not isinstance(value, PartitionRange):
-        return iter(())   # Spark's placeholder partition when there is nothing to read
-    return read_partition(value, _arrow_schema(schema))
-
-
-def _range(options: SourceOptions, tp: TopicPartition, start: Position, end: Position,
-           ledgers=()) -> MinipulsarPartition:
-    return MinipulsarPartition(PartitionRange(
-        service_url=options.service_url, tp=tp, start=start, end=end, fail_on_data_loss=options.fail_on_data_loss,
-        poll_timeout_ms=options.poll_timeout_ms, read_timeout_ms=options.read_timeout_ms,
-        operation_timeout_ms=options.operation_timeout_ms, receiver_queue_size=options.receiver_queue_size,
-        ledgers=plan_ledgers(start, end, ledgers)))
-
-
-def _earliest_starts(starts, ends, states) -> dict[TopicPartition, Position]:
-    """For the partitions whose batch starts at earliest and reads something:
-    "before entry 0 of the first ledger holding entries" (``(ledger, -1)``),
-    recorded with the end (``offsets.to_spark``'s ``from``)."""
-    out = {}
-    for tp, end in ends.items():
-        state = states.get(tp)
-        if starts.get(tp, EARLIEST) != EARLIEST or end == EARLIEST or state is None:
-            continue
-        first = next((li.ledger_id for li in state.ledgers if li.entries > 0), None)
-        if first is not None and first <= end.ledger_id:
-            out[tp] = Position(first, -1)
-    return out
-
-
-def _next_ledgers(ends, states) -> dict[TopicPartition, int]:
-    """The ``nextLedger`` annotation of each end that is the last entry of a closed ledger."""
-    out = {}
-    for tp, end in ends.items():
-        state = states.get(tp)
-        nxt = next_ledger_after(end, state.ledgers) if state is not None else None
-        if nxt is not None:
-            out[tp] = nxt
-    return out
-
-
-def _recreated_message(tp: TopicPartition, start: Position, last: Position) -> str:
-    return (f"option 'failOnDataLoss': the checkpointed position {start} of {tp.topic} partition {tp.partition} "
-            f"is after its last entry {last if last != EARLIEST else '(none: the topic is empty)'}, so the topic was "
-            f"deleted and recreated since the checkpoint was written and resuming would skip its entries up to "
-            f"{start}; delete the checkpoint directory to start over from startingOffsets, or set "
-            f"failOnDataLoss=false to read the new topic from its first entry")
-
-
-def _lost_message(tp: TopicPartition, start: Position, first_ledger: int) -> str:
-    return (f"option 'failOnDataLoss': entries of {tp.topic} partition {tp.partition} after {start} may have "
-            f"been deleted before being read (the oldest ledger kept is now {first_ledger}); Readers do not hold "
-            f"data, so set a retention policy on the namespace; set failOnDataLoss=false to continue from the "
-            f"oldest entry kept")
 
 
 class MinipulsarDataSource(DataSource):
@@ -210,13 +141,13 @@ class MinipulsarBatchReader(DataSourceReader):
                                   f"{tp.topic} partition {tp.partition}")
             if possible_data_loss(start, state.ledgers):
                 if opts.fail_on_data_loss:
-                    raise SourceError(_lost_message(tp, start, state.ledgers[0].ledger_id))
-                log.warning("%s", _lost_message(tp, start, state.ledgers[0].ledger_id))
+                    raise SourceError(lost_message(tp, start, state.ledgers[0].ledger_id))
+                log.warning("%s", lost_message(tp, start, state.ledgers[0].ledger_id))
                 start = EARLIEST
             if end > start:
-                out.append(_range(opts, tp, start, end, state.ledgers))
+                out.append(partition_range(opts, tp, start, end, state.ledgers))
         return out
 
     def read(self, partition: InputPartition) -> Iterator:
         """Arrow record batches of one input partition (runs in a worker)."""
-        return _read(partition, self.schema)
+        return read_input_partition(partition, self.schema)

@@ -32,13 +32,13 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from client.spark.input_partitions import (MinipulsarPartition, earliest_starts, lost_message, next_ledgers,
+                                           partition_range, read_input_partition, recreated_message)
 from client.spark.ledgers import seed_seen
 from client.spark.offsets import (EARLIEST, Position, TopicPartition, from_spark, initial_from_spark,
                                   next_ledgers_from_spark, possible_data_loss, rate_limit, resolve_offsets,
                                   start_beyond_end, starts_from_spark, to_spark, update_seen)
 from client.spark.options import SourceError, SourceOptions
-from client.spark.source import (MinipulsarPartition, _earliest_starts, _lost_message, _next_ledgers, _range, _read,
-                                 _recreated_message)
 
 __all__ = ["MinipulsarStreamReader"]
 
@@ -205,7 +205,7 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             resolved[tp] = states[tp].last if value == "latest" else value
         self._latest = {tp: states[tp].last for tp in parts}
         self._hold(resolved)
-        result = to_spark(resolved, _next_ledgers(resolved, states))
+        result = to_spark(resolved, next_ledgers(resolved, states))
         self._planned = (_key(result), states)
         return result
 
@@ -231,13 +231,13 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         starts = {tp: pos for tp, pos in starts.items() if tp in states}
         for tp, pos in list(starts.items()):
             if start_beyond_end(pos, states[tp].last):
-                message = _recreated_message(tp, pos, states[tp].last)
+                message = recreated_message(tp, pos, states[tp].last)
                 if opts.fail_on_data_loss:
                     raise SourceError(message)
                 log.warning("%s; reading the new topic from its first entry (failOnDataLoss=false)", message)
                 starts[tp] = EARLIEST
             elif possible_data_loss(pos, states[tp].ledgers, self._seen.get(tp)):
-                message = _lost_message(tp, pos, states[tp].ledgers[0].ledger_id)
+                message = lost_message(tp, pos, states[tp].ledgers[0].ledger_id)
                 if opts.fail_on_data_loss:
                     raise SourceError(message)
                 log.warning("%s", message)
@@ -252,7 +252,7 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._latest = {tp: states[tp].last for tp in parts}
         if isinstance(limit, ReadMaxRows) and limit.max_rows > 0:
             ends = rate_limit(starts, ends, {tp: states[tp].ledgers for tp in parts}, limit.max_rows)
-        result = to_spark(ends, _next_ledgers(ends, states), _earliest_starts(starts, ends, states))
+        result = to_spark(ends, next_ledgers(ends, states), earliest_starts(starts, ends, states))
         result = _unchanged_as_given(result, start or {}, ends)
         self._planned = (_key(result), states)
         return result
@@ -293,13 +293,13 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             state = states.get(tp)
             if state is not None and begin != EARLIEST:
                 if start_beyond_end(begin, state.last):
-                    message = _recreated_message(tp, begin, state.last)
+                    message = recreated_message(tp, begin, state.last)
                     if opts.fail_on_data_loss:
                         raise SourceError(message)
                     log.warning("%s; reading the new topic from its first entry (failOnDataLoss=false)", message)
                     begin = EARLIEST
                 elif possible_data_loss(begin, state.ledgers, self._seen.get(tp)):
-                    message = _lost_message(tp, begin, state.ledgers[0].ledger_id)
+                    message = lost_message(tp, begin, state.ledgers[0].ledger_id)
                     if opts.fail_on_data_loss:
                         raise SourceError(message)
                     log.warning("%s; reading from the oldest entry kept (failOnDataLoss=false)", message)
@@ -307,13 +307,13 @@ class MinipulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             begins[tp] = begin
             if stop <= begin:
                 continue
-            out.append(_range(opts, tp, begin, stop, state.ledgers if state is not None else ()))
+            out.append(partition_range(opts, tp, begin, stop, state.ledgers if state is not None else ()))
         self._hold(begins)
         return out
 
     def read(self, partition: InputPartition) -> Iterator:
         """Arrow record batches of one input partition (runs in a worker)."""
-        return _read(partition, self.schema)
+        return read_input_partition(partition, self.schema)
 
     def commit(self, end: dict) -> None:
         """Spark finished the batch ending at ``end`` (called one batch late):

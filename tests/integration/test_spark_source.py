@@ -93,7 +93,8 @@ def test_batch_offsets_json_reads_exactly_the_range(spark, url, client):
 def test_read_partition_stops_at_entry_boundaries(url, client):
     """Without Spark: a range covers whole batch entries, start exclusive, end inclusive."""
     from client.spark.partition_reader import PartitionRange, read_partition
-    from client.spark.source import SCHEMA, _arrow_schema
+    from client.spark.input_partitions import arrow_schema as _arrow_schema
+    from client.spark.source import SCHEMA
 
     topic = unique_topic("spark-entries")
     sent = {}
