@@ -1,7 +1,7 @@
 """The asyncio producer of one topic or partition (Pulsar's ProducerImpl plus
 its ConnectionHandler).
 
-Moving parts (see ``client.producer_state`` for the pure ones):
+Moving parts (the pure ones: ``client.message_accumulator``, ``client.pending_queue``):
 
 - ``send``/``send_async`` turn the arguments into a ``PendingMessage`` and give
   it to the ``MessageAccumulator`` (sequence id, batch container, compression,
@@ -31,10 +31,10 @@ from client.connection import Backoff, is_retriable, map_rpc_error
 from client.errors import (AlreadyClosed, AuthorizationError, ConnectError, InvalidTopicName, NotAllowed,
                            ProducerQueueIsFull, PulsarException, ServiceNotReady, Timeout, TopicNotFound,
                            TopicTerminated, error_from_status)
+from client.message_accumulator import MessageAccumulator, make_message
 from client.message_id import MessageId
+from client.pending_queue import OpSendMsg, PendingQueue, ReceiptAction, SendCallback, SendCompletion, is_duplicate
 from client.producer_config import ProducerConfig
-from client.producer_state import (MessageAccumulator, OpSendMsg, PendingQueue, ReceiptAction, SendCallback,
-                                   SendCompletion, is_duplicate, make_message)
 from proto import broker_pb2 as pb
 
 __all__ = ["Producer", "SendCallback", "is_duplicate"]
