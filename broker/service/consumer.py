@@ -241,11 +241,6 @@ class Consumer:
             self.is_active = active
             self._send(pb.ConsumerResponse(active_change=pb.ActiveConsumerChange(is_active=active)))
 
-    def send_response(self, response: pb.ConsumerResponse) -> None:
-        """Queue any other ConsumerResponse (answers, control frames) on the stream;
-        never blocks and ignores writability."""
-        self._send(response)
-
 
 class _OutboundQueue:
     """FIFO of ConsumerResponse frames (None = end of stream) with their sizes;
