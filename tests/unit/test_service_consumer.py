@@ -140,13 +140,6 @@ def test_notify_active_sends_only_changes():
     assert not c.is_active
 
 
-def test_send_response_passes_frames_through():
-    c, frames = make()
-    resp = pb.ConsumerResponse(success=pb.CommandSuccess(request_id=7))
-    c.send_response(resp)
-    assert frames == [resp]
-
-
 def test_on_writable_is_not_called_for_a_closed_consumer():
     w = ConsumerWriter(high_water=10, low_water=0)
     c = Consumer("c", 0, w.send, writer=w)
