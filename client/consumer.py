@@ -6,7 +6,8 @@ A list of topics, a partitioned topic or a compiled regex pattern gives a
 ``MultiTopicsConsumer`` (client/multi_topics_consumer.py) with the same API.
 The mechanisms live in small modules: receiver_queue (queue + flow permits),
 entry_splitter (entries -> messages), ack_grouping, redelivery_trackers
-(ack timeout, negative acks), dead_letter, consumer_impl (the stream).
+(ack timeout, negative acks), dead_letter, consumer_impl (the bookkeeping) on
+consumer_connection (the stream).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ __all__ = ["ConsumerType", "InitialPosition", "DeadLetterPolicy", "BatchReceiveP
 
 class Consumer(ConsumerBase):
     """Consumer of one topic (or one partition), from ``create_consumer``
-    (Pulsar's ConsumerImpl; the stream work is in ``client.consumer_impl``).
+    (Pulsar's ConsumerImpl; the work is in ``client.consumer_impl`` and its stream
+    ``client.consumer_connection``).
 
     Async API: ``receive``, ``batch_receive``, ``async for``, ``acknowledge``,
     ``acknowledge_cumulative``, ``negative_acknowledge`` (plain methods that

@@ -1,7 +1,14 @@
-"""One consumer of one topic or partition on its gRPC stream (Pulsar's
-ConsumerImpl + its ConnectionHandler): subscribe, flow permits, splitting
-pushed entries into messages, grouped acks, negative acks, ack timeout,
-dead letters, seek, unsubscribe and reconnection with backoff.
+"""One consumer of one topic or partition (Pulsar's ConsumerImpl): the
+receive / ack / redelivery bookkeeping on top of its gRPC stream.
+
+Here: the Subscribe request and what a new stream starts with, splitting
+pushed entries into messages (flow permits, chunks, dead letters), grouped
+acks, negative acks, ack timeout, redelivery (PIP-84 consumer epochs), seek,
+unsubscribe, close, and the maintenance task that sends flows, acks and
+redeliveries.  The stream itself (subscribe round trip, reading, reconnection
+with backoff, writes, request/response matching) is
+``client.consumer_connection.ConsumerConnection``, its base class (Pulsar's
+ConnectionHandler / ClientCnx side).
 
 Not public: ``Consumer``, ``MultiTopicsConsumer`` and ``Reader`` (the user
 API) drive one or several ``ConsumerImpl``.  Everything runs on the client's
@@ -11,7 +18,6 @@ hop onto the loop).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import random
 import string
@@ -22,18 +28,16 @@ import grpc
 
 from client.ack_grouping import AcknowledgmentsGroupingTracker
 from client.consumer_config import ConsumerConfig, ConsumerType
+from client.consumer_connection import ConsumerConnection
 from client.dead_letter import DeadLetterPublisher
 from client.entry_format import peek_metadata
 from client.entry_splitter import EntrySplitter, StartFilter
-from client.errors import (AlreadyClosed, ConnectError, CorruptedMessage, PulsarException, Timeout,
-                           error_from_status)
+from client.errors import AlreadyClosed, ConnectError, CorruptedMessage, PulsarException, Timeout
 from client.message import Message
 from client.message_id import MessageId, chunk_message_ids
 from client.receiver_queue import FlowPermits, ReceiverQueue
 from client.redelivery_trackers import NegativeAcksTracker, UnAckedMessageTracker
 from proto import broker_pb2 as pb
-
-from client.connection import Backoff
 
 __all__ = ["ConsumerImpl", "now_ms", "random_consumer_name"]
 
@@ -68,7 +72,7 @@ def _position(mid: MessageId) -> pb.Position:
     return pb.Position(ledger_id=mid.ledger_id, entry_id=mid.entry_id)
 
 
-class ConsumerImpl:
+class ConsumerImpl(ConsumerConnection):
     """Consumer of one topic or partition.
 
     ``topic``: full topic/partition name; ``conf``: validated ``ConsumerConfig``;
@@ -81,6 +85,9 @@ class ConsumerImpl:
     (Pulsar's clearReceiverQueue), never at "latest" again; ``dead_letter``: publisher of the dead-letter
     topic (required when ``conf.dead_letter_policy`` is set);
     ``on_failed(impl, exc)``: called when the consumer gives up reconnecting.
+
+    The stream (``start``'s subscribe, reconnection, ``request``) is the base
+    class ``ConsumerConnection``; this class provides its hooks.
     """
 
     def __init__(self, client, topic: str, conf: ConsumerConfig, *, partition: int = -1,
@@ -88,9 +95,7 @@ class ConsumerImpl:
                  start_message_id: MessageId | None = None, start_inclusive: bool = False,
                  dead_letter: DeadLetterPublisher | None = None,
                  on_failed: Callable[["ConsumerImpl", PulsarException], None] | None = None):
-        self._client = client
-        self._loop = asyncio.get_running_loop()
-        self.topic = topic
+        super().__init__(client, topic, on_failed)
         self.conf = conf
         self.partition = partition
         self.queue = queue if queue is not None else ReceiverQueue()
@@ -103,7 +108,6 @@ class ConsumerImpl:
         self.last_dequeued: MessageId | None = None
         self.consumer_name = conf.consumer_name or random_consumer_name()
         self._dead_letter = dead_letter
-        self._on_failed = on_failed
 
         self.permits = FlowPermits(conf.receiver_queue_size)
         self.tracker = AcknowledgmentsGroupingTracker(conf.ack_group_time_ms, conf.batch_index_ack_enabled)
@@ -118,15 +122,6 @@ class ConsumerImpl:
 
         self.active = conf.consumer_type is not ConsumerType.Failover
         self.reached_end_of_topic = False
-        self.closed = False
-        self._stopping = False  # unsubscribed: the broker ends the stream, do not reconnect
-        self.failed: PulsarException | None = None
-        self._call = None
-        self._connected = asyncio.Event()
-        self._write_lock = asyncio.Lock()
-        self._request_ids = itertools.count(1)
-        self._requests: dict[int, asyncio.Future] = {}
-        self._on_success: dict[int, Callable[[], None]] = {}
         self._wake = asyncio.Event()
         self._flush_now = False
         self._pending_flow = 0
@@ -139,7 +134,6 @@ class ConsumerImpl:
         self._ack_receipts: dict[int, int] = {}   # ack request id -> in-flight token of the tracker
         self._ack_token_frames: dict[int, int] = {}  # in-flight token -> frames not answered yet
         self._background: set[asyncio.Task] = set()
-        self._run_task: asyncio.Task | None = None
         self._maintenance_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -151,6 +145,9 @@ class ConsumerImpl:
         self._maintenance_task = self._loop.create_task(self._maintenance())
 
     def _subscribe_request(self) -> pb.ConsumerRequest:
+        """The Subscribe of a new stream (hook of ``ConsumerConnection._connect``); a
+        non-durable consumer (Reader) starts at ``_start_id`` and filters batch indexes
+        before it (``StartFilter``)."""
         conf = self.conf
         sub = pb.Subscribe(topic=self.topic, subscription=conf.subscription_name,
                            sub_type=conf.consumer_type.value, consumer_name=self.consumer_name,
@@ -170,59 +167,6 @@ class ConsumerImpl:
             sub.start_message_id_inclusive = inclusive
         return pb.ConsumerRequest(subscribe=sub)
 
-    async def _connect(self) -> None:
-        """Open a Consume stream, subscribe, resend pending acks, grant the first permits.
-
-        Timeouts use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11,
-        ``wait_for`` returns the inner result when the task is cancelled in the same
-        loop iteration as the answer arrives, swallowing the cancellation; a
-        consumer closed at that moment then kept its stream (and an Exclusive
-        subscription: ConsumerBusy for everyone after it).  Raises the broker's
-        error, ``Timeout``, or ``AlreadyClosed`` when the consumer was closed meanwhile."""
-        timeout = self._client.operation_timeout_seconds
-        call = self._client.stub.Consume()
-        try:
-            async with asyncio.timeout(timeout):
-                await call.write(self._subscribe_request())
-                while True:
-                    resp = await call.read()
-                    if resp is grpc.aio.EOF:
-                        raise ConnectError(f"broker closed the consumer stream of {self.topic} while subscribing")
-                    kind = resp.WhichOneof("response")
-                    if kind == "subscribed":
-                        break
-                    if kind == "error":
-                        raise error_from_status(resp.error.error, resp.error.message)
-                    self._handle(resp)
-            if self.closed:
-                raise AlreadyClosed(f"consumer of {self.topic} was closed while subscribing")
-            self._epoch = 0
-            self._pending_flow = 0
-            self._pending_redeliver.clear()
-            self._redeliver_all = False
-            # Acks still pending (kept across the reconnection, Pulsar) leave before the first
-            # Flow: the broker applies them before it dispatches anything on this stream, so
-            # it does not redeliver what the application already acknowledged.
-            async with asyncio.timeout(timeout):
-                for ack in self._take_acks():
-                    await call.write(pb.ConsumerRequest(ack=ack))
-                await call.write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial())))
-        except grpc.aio.AioRpcError as e:
-            self._connect_failed(call)
-            raise error_from_status(e.code(), e.details()) from None
-        except TimeoutError:
-            self._connect_failed(call)
-            raise Timeout(f"subscribing to {self.topic} took more than {timeout} s") from None
-        except BaseException:
-            self._connect_failed(call)
-            raise
-        self._call = call
-        self._connected.set()
-
-    def _connect_failed(self, call) -> None:
-        call.cancel()
-        self._requeue_acks()
-
     def _requeue_acks(self) -> None:
         """The stream broke: acks not confirmed by the broker are pending again."""
         self._ack_receipts.clear()
@@ -230,43 +174,27 @@ class ConsumerImpl:
         if self.tracker.requeue_in_flight(now_ms()):
             self._flush_now = True
 
-    async def _run(self) -> None:
-        """Read the stream; on a break, reconnect with backoff."""
-        while True:
-            call = self._call
-            try:
-                while True:
-                    resp = await call.read()
-                    if resp is grpc.aio.EOF:
-                        break
-                    self._handle(resp)
-                error: PulsarException = ConnectError("broker ended the consumer stream")
-            except grpc.aio.AioRpcError as e:
-                error = error_from_status(e.code(), e.details())
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():
-                    raise
-                # the call was cancelled locally (grpc.aio cancels it when a write is cancelled)
-                error = ConnectError("consumer stream cancelled")
-            except Exception as e:  # noqa: BLE001 - keep the consumer alive, reconnect
-                log.exception("[%s][%s] consumer stream failed", self.topic, self.conf.subscription_name)
-                error = ConnectError(str(e))
-            if self.closed or self._stopping:
-                return
-            log.info("[%s][%s] consumer disconnected (%s); reconnecting", self.topic,
-                     self.conf.subscription_name, error)
-            self._on_disconnected(error)
-            if not await self._reconnect():
-                return
+    async def _on_subscribed(self, call, timeout: float) -> None:
+        """The broker accepted the Subscribe on ``call`` (hook of ``ConsumerConnection._connect``):
+        a new stream starts at consumer epoch 0 with no flow or redelivery pending; the
+        pending acks and the first Flow (``receiver_queue_size`` permits) go out within
+        ``timeout`` seconds (``TimeoutError`` otherwise; ``_connect`` turns it into ``Timeout``)."""
+        self._epoch = 0
+        self._pending_flow = 0
+        self._pending_redeliver.clear()
+        self._redeliver_all = False
+        # Acks still pending (kept across the reconnection, Pulsar) leave before the first
+        # Flow: the broker applies them before it dispatches anything on this stream, so
+        # it does not redeliver what the application already acknowledged.
+        async with asyncio.timeout(timeout):
+            for ack in self._take_acks():
+                await call.write(pb.ConsumerRequest(ack=ack))
+            await call.write(pb.ConsumerRequest(flow=pb.Flow(permits=self.permits.initial())))
 
-    def _on_disconnected(self, error: PulsarException) -> None:
-        call, self._call = self._call, None
-        self._connected.clear()
-        if call is not None:
-            call.cancel()
-        for fut in self._requests.values():
-            if not fut.done():
-                fut.set_exception(ConnectError(f"connection to the broker lost: {error}"))
+    def _on_connection_lost(self) -> None:
+        """The stream broke (hook of ``ConsumerConnection._on_disconnected``): unconfirmed
+        acks are pending again; queued messages not handed out and incomplete chunks
+        are dropped (the broker redelivers them); a Reader moves its start position."""
         self._requeue_acks()
         # As Pulsar's clearReceiverQueue: drop what was not handed out; the broker redelivers it.
         removed = self.queue.remove_if(lambda m: m._consumer is self)
@@ -288,38 +216,6 @@ class ConsumerImpl:
             self._start_inclusive = True
         elif self.last_dequeued is not None:
             self._start_id, self._start_inclusive = self.last_dequeued, False
-
-    async def _reconnect(self) -> bool:
-        backoff = Backoff(0.1, 30.0)
-        while not self.closed:
-            await asyncio.sleep(backoff.next())
-            if self.closed:
-                return False
-            try:
-                await self._connect()
-                log.info("[%s][%s] consumer %s reconnected", self.topic, self.conf.subscription_name,
-                         self.consumer_name)
-                return True
-            except PulsarException as e:
-                if self.closed:
-                    return False
-                if not e.retriable and not isinstance(e, Timeout):
-                    log.error("[%s][%s] giving up reconnecting: %s", self.topic, self.conf.subscription_name, e)
-                    self._fail(e)
-                    return False
-                log.info("[%s][%s] reconnect failed (%s)", self.topic, self.conf.subscription_name, e)
-            except Exception as e:  # noqa: BLE001 - e.g. the channel was closed under us
-                if self.closed:
-                    return False
-                log.warning("[%s][%s] reconnect failed: %r", self.topic, self.conf.subscription_name, e)
-        return False
-
-    def _fail(self, exc: PulsarException) -> None:
-        self.failed = exc
-        if self._owns_queue:
-            self.queue.close(exc)
-        if self._on_failed is not None:
-            self._on_failed(self, exc)
 
     async def close(self, flush: bool = True) -> None:
         """Flush pending acks (waiting for the broker, briefly), end the stream,
@@ -369,99 +265,10 @@ class ConsumerImpl:
             self.queue.remove_if(lambda m: m._consumer is self)
         log.info("[%s][%s] closed consumer %s", self.topic, self.conf.subscription_name, self.consumer_name)
 
-    # ------------------------------------------------------------------ sending
-    async def _write(self, request: pb.ConsumerRequest) -> None:
-        call = self._call
-        if call is None:
-            raise ConnectError(f"consumer of {self.topic} is not connected")
-        try:
-            async with self._write_lock:
-                await call.write(request)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
-            raise ConnectError(f"consumer stream of {self.topic} is broken: {e}") from None
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
-                raise
-            # grpc.aio raises CancelledError on a call cancelled under us (stream replaced)
-            raise ConnectError(f"consumer stream of {self.topic} was cancelled") from None
-
-    async def _wait_connected(self) -> None:
-        if self.closed:
-            raise AlreadyClosed("consumer is closed")
-        if self.failed is not None:
-            raise self.failed
-        if self._call is None:
-            try:
-                await asyncio.wait_for(self._connected.wait(), self._client.operation_timeout_seconds)
-            except asyncio.TimeoutError:
-                raise Timeout(f"consumer of {self.topic} is not connected to the broker") from None
-
-    async def request(self, **command) -> None:
-        """Send a command carrying a request id (``seek=pb.Seek(...)``,
-        ``unsubscribe=...``, ``ack=...``) and wait for CommandSuccess; raises
-        the CommandError as its client exception, ``Timeout`` after the
-        operation timeout, ``ConnectError`` if the stream breaks meanwhile,
-        ``AlreadyClosed``.  ``on_success=callable`` may be given (see ``_request``)."""
-        await self._wait_connected()
-        await self._request(**command)
-
-    async def _request(self, on_success: Callable[[], None] | None = None, **command) -> None:
-        """``request`` without the open/connected checks (used while closing).
-        ``on_success`` runs when the CommandSuccess is read, before any later
-        response of the stream is handled."""
-        (field, body), = command.items()
-        rid = next(self._request_ids)
-        body.request_id = rid
-        fut = self._loop.create_future()
-        self._requests[rid] = fut
-        if on_success is not None:
-            self._on_success[rid] = on_success
-        try:
-            await self._write(pb.ConsumerRequest(**{field: body}))
-            await asyncio.wait_for(fut, self._client.operation_timeout_seconds)
-        except asyncio.TimeoutError:
-            raise Timeout(f"{field} on {self.topic}: no answer within "
-                          f"{self._client.operation_timeout_seconds} s") from None
-        finally:
-            self._requests.pop(rid, None)
-            self._on_success.pop(rid, None)
-
     # ------------------------------------------------------------------ receiving
-    def _handle(self, resp: pb.ConsumerResponse) -> None:
-        kind = resp.WhichOneof("response")
-        if kind == "messages":
-            batch = resp.messages
-            if batch.consumer_epoch < self._epoch:
-                self._drop_stale(batch.entries)
-            else:
-                self._on_entries(batch.entries)
-        elif kind in ("success", "error"):
-            body = getattr(resp, kind)
-            token = self._ack_receipts.pop(body.request_id, None)
-            if token is not None:
-                self._ack_answered(token)
-                if kind == "error" and body.request_id not in self._requests:
-                    log.warning("[%s][%s] broker refused an acknowledgment: %s: %s", self.topic,
-                                self.conf.subscription_name, body.error, body.message)
-                    return
-            fut = self._requests.get(body.request_id)
-            if fut is not None and not fut.done():
-                if kind == "success":
-                    callback = self._on_success.pop(body.request_id, None)
-                    if callback is not None:
-                        callback()
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(error_from_status(body.error, body.message))
-            elif kind == "error":
-                log.warning("[%s][%s] broker error: %s: %s", self.topic, self.conf.subscription_name,
-                            body.error, body.message)
-        elif kind == "active_change":
-            self.active = resp.active_change.is_active
-        elif kind == "end_of_topic":
-            self.reached_end_of_topic = True
-
     def _on_entries(self, entries) -> None:
+        """Entries of a current-epoch frame (hook of ``ConsumerConnection._handle``): split
+        into messages for the queue; dead letters, chunk acks and permits on the side."""
         now = now_ms()
         deliver: list[Message] = []
         skipped = 0
@@ -549,17 +356,6 @@ class ConsumerImpl:
             self._wake.set()
 
     # ------------------------------------------------------------------ acks (on the loop)
-    def in_loop(self, fn, *args) -> None:
-        """Run ``fn(*args)`` now if on the loop's thread, else schedule it there."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            fn(*args)
-        else:
-            self._loop.call_soon_threadsafe(fn, *args)
-
     def _after_ack(self, was_pending: bool, flush: bool) -> None:
         if flush:
             self._flush_now = True
