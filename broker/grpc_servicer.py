@@ -51,11 +51,18 @@ def _status_response(request_id: int, exc: Optional[BaseException]) -> pb.Consum
 
 
 class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
+    """The ``PulsarBroker`` service of proto/broker.proto over a BrokerService (the role
+    of Pulsar's ServerCnx); an error ends a call with ``abort_with``'s status."""
+
     def __init__(self, service: BrokerService):
         self.service = service
 
     # ---- producers ------------------------------------------------------
     async def Produce(self, request_iterator, context):
+        """Producer stream (Pulsar's ServerCnx.handleProducer / handleSend): ``create`` first, answered
+        ProducerSuccess; then SendBatch frames, answered in send order (ReceiptBatch, SendError(Batch)).
+        Ends with INVALID_ARGUMENT (no ``create``), the create's status (NOT_FOUND, ALREADY_EXISTS
+        ProducerBusy...), a retriable send error's after its SendError, or UNAVAILABLE (topic closed)."""
         first = await context.read()
         if first is grpc.aio.EOF or not first.HasField("create"):
             await abort_with(context, InvalidArgument("the first message of a Produce stream must be 'create'"))
@@ -207,6 +214,10 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
 
     # ---- consumers ------------------------------------------------------
     async def Consume(self, request_iterator, context):
+        """Consumer stream (Pulsar's ServerCnx.handleSubscribe): ``subscribe`` first (answered
+        SubscribeSuccess), then flow/ack/redeliver/seek/unsubscribe; pushes MessageBatch, ActiveConsumerChange,
+        CommandSuccess/Error. Ends with INVALID_ARGUMENT (no ``subscribe``, empty subscription name),
+        the subscribe's status (NOT_FOUND, ALREADY_EXISTS ConsumerBusy...), or UNAVAILABLE (topic closed)."""
         first = await context.read()
         if first is grpc.aio.EOF or not first.HasField("subscribe"):
             await abort_with(context, InvalidArgument("the first message of a Consume stream must be 'subscribe'"))
@@ -374,6 +385,8 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
 
     # ---- lookup / admin ---------------------------------------------------
     async def GetPartitionedTopicMetadata(self, request, context):
+        """Partition count of a topic, 0 when not partitioned (Pulsar's
+        CommandPartitionedTopicMetadata); INVALID_ARGUMENT for an invalid topic name."""
         try:
             TopicName.get(request.topic)
             return pb.PartitionedTopicMetadata(partitions=await self.service.partitions_of(request.topic))
@@ -381,6 +394,8 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             await abort_with(context, exc)
 
     async def GetLastMessageId(self, request, context):
+        """Last and first entry of a topic, -1:-1 when empty (Pulsar's CommandGetLastMessageId);
+        loads (or auto-creates) the topic: NOT_FOUND when it does not exist and cannot be created."""
         try:
             topic = await self.service.get_topic(request.topic)
             ml = topic.ml
@@ -393,12 +408,16 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             await abort_with(context, exc)
 
     async def GetTopicsOfNamespace(self, request, context):
+        """Every persistent topic of ``tenant/namespace``, partitions listed individually
+        (Pulsar's CommandGetTopicsOfNamespace); NOT_FOUND when the namespace does not exist."""
         try:
             return pb.TopicList(topics=await self.service.list_topics(request.namespace))
         except Exception as exc:
             await abort_with(context, exc)
 
     async def Admin(self, request, context):
+        """One admin verb (``method``, e.g. "topics.stats") with a JSON body, answered in JSON
+        (``service.admin.dispatch``; Pulsar's REST admin API); its errors end the call with their status."""
         try:
             return pb.AdminResponse(body_json=await admin.dispatch(self.service, request.method, request.body_json))
         except Exception as exc:

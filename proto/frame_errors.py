@@ -54,12 +54,16 @@ class _DecodingContext:
         self._type_name = type_name
 
     async def read(self):
+        """The next request, decoded, or ``grpc.aio.EOF``; an undecodable frame ends the
+        call with INVALID_ARGUMENT."""
         raw = await self._context.read()
         if raw is grpc.aio.EOF:
             return raw
         return await _decode_or_abort(self._decode, raw, self._context, self._method, self._type_name)
 
     async def requests(self, request_iterator):
+        """Decode each raw frame of ``request_iterator`` (what the servicer iterates); an
+        undecodable frame ends the call with INVALID_ARGUMENT."""
         async for raw in request_iterator:
             yield await _decode_or_abort(self._decode, raw, self._context, self._method, self._type_name)
 
@@ -111,6 +115,9 @@ class InvalidFrameInterceptor(grpc.aio.ServerInterceptor):
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation, handler_call_details) -> Optional[grpc.RpcMethodHandler]:
+        """The method's handler wrapped to decode its own requests (built once per handler,
+        cached by method name); unwrapped when there is no handler or deserializer, or the
+        method is in ``own_decoding``."""
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or handler.request_deserializer is None or method in self._own:

@@ -96,6 +96,8 @@ class LedgerPositions:
 
     @property
     def number_of_entries(self) -> int:
+        """Confirmed entries kept over all ledgers (the current one's: LAC + 1; trimmed
+        ledgers not counted; Pulsar's getNumberOfEntries)."""
         return sum(self.ledger_entries(lid) for lid in self.ledgers)
 
     @property

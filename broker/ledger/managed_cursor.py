@@ -190,6 +190,8 @@ class ManagedCursor(CursorPersistence):
 
     # ---- reading --------------------------------------------------------
     def is_acknowledged(self, pos: Position) -> bool:
+        """True when ``pos`` is at or before the mark-delete position or individually
+        acknowledged (a batch entry once all its indexes are; Pulsar's isMessageDeleted)."""
         return pos <= self.mark_delete_position or self.individual_deleted.contains(pos.ledger_id, pos.entry_id)
 
     def _skip_acked(self, pos: Position) -> Position:
@@ -356,6 +358,9 @@ class ManagedCursor(CursorPersistence):
         return self._schedule_persist()
 
     async def mark_delete(self, position: Position, properties: Optional[dict[str, int]] = None) -> None:
+        """``mark_delete_nowait`` awaited: cumulative ack up to and including ``position`` (storing
+        ``properties``, e.g. the dedup snapshot), done once persisted (Pulsar's ManagedCursor.markDelete).
+        Raises InvalidMarkDeletePosition (not an entry, beyond the last), ManagedCursorError (persist failed)."""
         await self.mark_delete_nowait(position, properties)
 
     def _advance_mark_delete(self) -> None:

@@ -43,6 +43,9 @@ class GetResult:
 
 
 class NotificationType:
+    """Values of ``Notification.type`` (Pulsar's NotificationType): a node created,
+    its value modified, or the node deleted."""
+
     CREATED = "created"
     MODIFIED = "modified"
     DELETED = "deleted"

@@ -43,9 +43,13 @@ class BrokerService:
         self.started_at = time.time()
 
     async def start(self) -> None:
+        """Start the periodic stats task (``update_rates`` every 2 s); topics are
+        loaded on first use, not here."""
         self._stats_task = asyncio.create_task(self._stats_loop())
 
     async def close(self) -> None:
+        """Stop the stats task, close every loaded topic (a failure is logged, not
+        raised) and the managed ledger factory (Pulsar's BrokerService.close)."""
         if self._stats_task is not None:
             self._stats_task.cancel()
         for topic in list(self.topics.values()):
@@ -66,6 +70,8 @@ class BrokerService:
                                 f"minipulsar-admin namespaces create {namespace}") from None
 
     def dedup_enabled(self, policies: Policies) -> bool:
+        """Whether a namespace's topics drop duplicates: its ``deduplication_enabled``
+        policy when set, else ``broker_deduplication_enabled`` (Pulsar's brokerDeduplicationEnabled)."""
         if policies.deduplication_enabled is not None:
             return policies.deduplication_enabled
         return self.config.broker_deduplication_enabled
@@ -168,6 +174,10 @@ class BrokerService:
             log.warning("closing fenced topic %s: %s", topic.name, exc)
 
     async def delete_topic(self, topic: str, force: bool = False) -> None:
+        """Delete a topic's data (Pulsar's BrokerService.deleteTopic); for a partitioned topic
+        each partition (missing ones skipped), then its partition metadata. Raises NotFound (no
+        such topic), PreconditionFailed (producers or consumers connected and not ``force``;
+        ``force`` disconnects them), ServiceNotReady (the topic is being unloaded)."""
         tn = TopicName.get(topic)
         partitions = await self.resources.get_partitions(tn.persistence_naming)
         if partitions > 0:
@@ -195,6 +205,8 @@ class BrokerService:
         return sorted(f"persistent://{namespace}/{n}" for n in names)
 
     async def partitions_of(self, topic: str) -> int:
+        """Partition count of ``topic`` from the metadata store, 0 when it is not a
+        partitioned topic (Pulsar's PartitionedTopicMetadata). Raises InvalidTopicName."""
         tn = TopicName.get(topic)
         return await self.resources.get_partitions(tn.persistence_naming)
 

@@ -32,6 +32,10 @@ from proto.common import REPLICATOR_CURSOR_PREFIX
 
 
 class DedupStatus(enum.Enum):
+    """Outcome of ``MessageDeduplication.check`` for one send (Pulsar's
+    MessageDupStatus): NOT_DUP store it, DUP answer -1:-1 without storing,
+    UNKNOWN still in flight (the send is refused as retriable)."""
+
     NOT_DUP = "NotDup"
     DUP = "Dup"
     UNKNOWN = "Unknown"

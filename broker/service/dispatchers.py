@@ -97,15 +97,19 @@ class ReplaySet:
         self.update(positions)
 
     def add(self, position: Position) -> None:
+        """Queue ``position`` (O(log n)); no-op when already queued."""
         if position not in self._members:
             self._members.add(position)
             heapq.heappush(self._heap, position)
 
     def update(self, positions: Iterable[Position]) -> None:
+        """``add`` each of ``positions``."""
         for position in positions:
             self.add(position)
 
     def discard(self, position: Position) -> None:
+        """Unqueue ``position`` if queued (O(1): its heap item goes stale; the heap is
+        rebuilt once over 64 items and more than twice the live positions)."""
         self._members.discard(position)
         if len(self._heap) > 64 and len(self._heap) > 2 * len(self._members):
             self._heap = list(self._members)
@@ -123,6 +127,7 @@ class ReplaySet:
         return out
 
     def clear(self) -> None:
+        """Forget every queued position."""
         self._members.clear()
         self._heap.clear()
 
@@ -164,10 +169,14 @@ class Dispatcher:
 
     # ---- lifecycle --------------------------------------------------------
     def start(self) -> None:
+        """Start the dispatch loop (one task, Pulsar's readMoreEntries loop); no-op
+        when already started."""
         if self._task is None:
             self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
+        """Stop the dispatch loop (cancel its task and wait for it); consumers and the
+        cursor are left as they are."""
         self._closed = True
         self.wake()
         if self._task is not None:
@@ -178,6 +187,8 @@ class Dispatcher:
                 pass
 
     def wake(self) -> None:
+        """Make the loop look again (permits, replay set, new entries): sets its event and
+        resolves the future it awaits. Never blocks."""
         self._wakeup.set()
         wake = self._wake_future
         if wake is not None and not wake.done():
@@ -185,10 +196,14 @@ class Dispatcher:
 
     # ---- consumers ------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
+        """Attach ``consumer`` and wake the loop (Pulsar's
+        PersistentDispatcherMultipleConsumers.addConsumer)."""
         self.consumers.append(consumer)
         self.wake()
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach ``consumer``; its pending positions not yet acknowledged go to the replay set,
+        each counted as a redelivery (Pulsar's removeConsumer -> messagesToRedeliver)."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
         pending = consumer.take_pending()
@@ -217,6 +232,8 @@ class Dispatcher:
         self.wake()
 
     def total_permits(self) -> int:
+        """Messages the consumers can take: the sum of their available permits, 0 while
+        paused (Pulsar's totalAvailablePermits)."""
         if self.paused:
             return 0
         return sum(c.available_permits() for c in self.consumers)
@@ -402,10 +419,16 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         self.wake()
 
     def add_consumer(self, consumer: Consumer) -> None:
+        """Attach ``consumer`` and pick the active one again (priority level, then name; on partition
+        N the N-th, modulo): a change rewinds the cursor to the mark-delete position; every consumer
+        is then told whether it is active (Pulsar's PersistentDispatcherSingleActiveConsumer)."""
         self.consumers.append(consumer)
         self._update_active()
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach ``consumer`` (its pending positions dropped, not counted as redeliveries)
+        and pick the active one again; if it was active the cursor rewinds, so the new
+        active consumer receives everything unacknowledged."""
         was_active = consumer is self.active
         if consumer in self.consumers:
             self.consumers.remove(consumer)
@@ -415,16 +438,22 @@ class SingleActiveConsumerDispatcher(Dispatcher):
         self._update_active()
 
     def accepts_redeliver_all(self, consumer: Consumer) -> bool:
+        """True only for the active consumer."""
         # Pulsar ignores reDeliverUnAcknowledgedMessages of an inactive consumer: its
         # rewind would resend the active consumer's messages behind that one's back.
         return consumer is self.active
 
     def total_permits(self) -> int:
+        """The active consumer's available permits (messages); 0 with no active consumer
+        or while paused."""
         if self.paused or self.active is None:
             return 0
         return self.active.available_permits()
 
     def redeliver(self, positions, count: bool = True) -> None:
+        """Redeliver-all whatever ``positions`` says: count a redelivery for each unacknowledged
+        one (if ``count``), drop the active consumer's pending, rewind the cursor to the
+        mark-delete position and start a new epoch, so everything unacked is re-read in order."""
         # Keep order for the single active consumer: rewind and re-read.
         for pos in positions:
             if count and not self.cursor.is_acknowledged(pos):
@@ -489,6 +518,9 @@ class KeySharedDispatcher(Dispatcher):
         self._held: set[Position] = set()
 
     def add_consumer(self, consumer: Consumer) -> None:
+        """Attach ``consumer``: the first owns [0, 65535]; a later one takes the upper half of
+        the widest range and gets nothing at/after the current read position until all before
+        it is acknowledged (Pulsar's HashRangeAutoSplitStickyKeyConsumerSelector, recentlyJoinedConsumers)."""
         if not self.ranges:
             self.ranges = [(0, HASH_RANGE_SIZE - 1, consumer)]
         else:
@@ -501,6 +533,9 @@ class KeySharedDispatcher(Dispatcher):
         self.wake()
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach ``consumer``: each of its hash ranges goes to the owner of the range before
+        it (the one after, for the first range); its pending positions are redelivered as in
+        ``Dispatcher.remove_consumer``."""
         new_ranges: list[tuple[int, int, Consumer]] = []
         for start, end, owner in self.ranges:
             if owner is consumer:
@@ -519,6 +554,8 @@ class KeySharedDispatcher(Dispatcher):
         super().remove_consumer(consumer)
 
     def consumer_for(self, key: bytes) -> Optional[Consumer]:
+        """The owner of the hash range holding ``murmur3_32(key) % 65536``, None when there is
+        no consumer (Pulsar's StickyKeyConsumerSelector.select)."""
         h = murmur3_32_hash(key) % HASH_RANGE_SIZE
         for start, end, owner in self.ranges:
             if start <= h <= end:
@@ -535,6 +572,8 @@ class KeySharedDispatcher(Dispatcher):
             self._held.clear()
 
     def total_permits(self) -> int:
+        """``Dispatcher.total_permits``, after releasing recently joined consumers whose join
+        position is reached by the mark-delete position and moving held positions back to the replay set."""
         self._release_held()
         return super().total_permits()
 

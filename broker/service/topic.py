@@ -111,6 +111,8 @@ class PersistentTopic:
 
     @property
     def full_name(self) -> str:
+        """The topic's full name, ``persistent://tenant/ns/topic`` (``-partition-N`` for a
+        partition): the key of ``BrokerService.topics`` and of the rates."""
         return str(self.name)
 
     async def initialize(self) -> None:
@@ -230,11 +232,15 @@ class PersistentTopic:
         return producer
 
     def remove_producer(self, producer: BrokerProducer) -> None:
+        """Detach a producer (its stream ended): mark it closed and unregister its name if it
+        still holds it (Pulsar's AbstractTopic.removeProducer)."""
         producer.closed = True
         if self.producers.get(producer.name) is producer:
             del self.producers[producer.name]
 
     def last_sequence_id(self, producer_name: str) -> int:
+        """Last persisted sequence id of ``producer_name``, -1 if none: ProducerSuccess's
+        ``last_sequence_id`` (Pulsar's getLastPublishedSequenceId)."""
         return self.dedup.last_sequence_id(producer_name)
 
     def publish(self, producer: BrokerProducer, send: pb.Send) -> "asyncio.Future[Position]":
@@ -427,6 +433,9 @@ class PersistentTopic:
         return subscription
 
     async def remove_subscription(self, name: str) -> None:
+        """Delete a durable subscription: close it (dispatcher stopped, consumers disconnected),
+        then delete its cursor (cursor ledger and metadata). Raises NotFound when there is no
+        such subscription (Pulsar's PersistentTopic.unsubscribe)."""
         subscription = self.subscriptions.pop(name, None)
         if subscription is None:
             raise NotFound(f"subscription {name} does not exist on {self.name}")
