@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak import bookie_pids, env_for  # noqa: E402  (scripts/soak.py: no repository imports)
+from soak import env_for, stop_standalone  # noqa: E402  (scripts/soak.py: no repository imports)
 
 REPO = Path(__file__).resolve().parent.parent
 READY = re.compile(r"STANDALONE_READY port=(\d+) pid=(\d+) http_port=(-?\d+)")
@@ -124,18 +123,7 @@ class Standalone:
 
     def stop(self) -> None:
         """SIGTERM the standalone (SIGKILL its group after 30 s), then SIGKILL any bookie left."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        for pid in bookie_pids(self.data):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_standalone(self.popen, self.data)
         self._log_f.close()
 
 

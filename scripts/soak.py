@@ -207,18 +207,24 @@ class Standalone:
             return []
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        for pid in bookie_pids(self.data):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_standalone(self.popen, self.data)
+
+
+def stop_standalone(popen: subprocess.Popen, data_dir: Path) -> None:
+    """SIGTERM a standalone started with ``start_new_session`` (SIGKILL its group
+    after 30 s), then SIGKILL any bookie of ``data_dir`` left running."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+    for pid in bookie_pids(data_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 # ---------------------------------------------------------------------------- the soak run

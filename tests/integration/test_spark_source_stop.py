@@ -11,8 +11,8 @@ The process here is a stand-in for Spark's runner: a module whose name ends in
 ``python_streaming_source_runner`` (so the source installs its SIGTERM handler)
 that plans a micro-batch like the runner, then waits on stdin for the next call
 with Spark's ``finally: reader.stop()``; it takes a moment before that
-``stop()`` so a second SIGTERM lands where Spark's can.  A real standalone
-broker and bookies answer.
+``stop()`` so a second SIGTERM lands where Spark's can.  The session's real
+standalone broker and bookies answer (``standalone`` fixture).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pytest
 
 from client.admin import SyncAdminClient
 from client.sync import Client
-from tests.procs import REPO_ROOT, ProcessTracker, start_standalone
+from tests.procs import REPO_ROOT
 from tests.spark.fixtures import produce, requires_spark, unique_topic
 
 pytestmark = [requires_spark, pytest.mark.timeout(120)]
@@ -53,16 +53,6 @@ RUNNER = textwrap.dedent('''
         time.sleep(1.0)                                         # unwinding, where the 2nd SIGTERM lands
         reader.stop()
 ''')
-
-
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory):
-    tracker = ProcessTracker()
-    proc = start_standalone(tmp_path_factory.mktemp("spark-stop"), tracker=tracker)
-    try:
-        yield proc
-    finally:
-        tracker.kill_all()
 
 
 def start_runner(tmp_path, url: str, topic: str) -> subprocess.Popen:
