@@ -312,19 +312,36 @@ class AcknowledgmentsGroupingTracker:
         connection.  Returns True if anything was requeued."""
         if not self._in_flight:
             return False
-        for individual, batch_index, cumulative in self._in_flight.values():
-            for key in individual:
-                self._individual[key] = None
-            for key, acker in batch_index.items():
-                if key not in self._individual:
-                    self._batch_index.setdefault(key, acker)
-            if cumulative and self._cumulative is not None:
-                self._cumulative_dirty = True
+        for flight in self._in_flight.values():
+            self._make_pending(*flight)
         self._in_flight.clear()
         self._in_flight_batch_index.clear()
         if self._first_pending_ms is None:
             self._first_pending_ms = now_ms
         return True
+
+    def requeue(self, token: int, now_ms: int = 0) -> bool:
+        """The broker refused the flush ``token`` with a retriable error (its
+        topic is being unloaded or fenced): its acks are pending again and leave
+        with the next flush, due ``ack_group_time_ms`` after ``now_ms`` (ms).
+        Returns False for a token not in flight."""
+        flight = self._in_flight.pop(token, None)
+        if flight is None:
+            return False
+        self._in_flight_batch_index.pop(token, None)
+        self._make_pending(*flight)
+        if self._first_pending_ms is None:
+            self._first_pending_ms = now_ms
+        return True
+
+    def _make_pending(self, individual: dict, batch_index: dict, cumulative: bool) -> None:
+        for key in individual:
+            self._individual[key] = None
+        for key, acker in batch_index.items():
+            if key not in self._individual:
+                self._batch_index.setdefault(key, acker)
+        if cumulative and self._cumulative is not None:
+            self._cumulative_dirty = True
 
     def clear(self) -> None:
         """Forget everything, including the last cumulative ack (after a seek,

@@ -45,7 +45,7 @@ class ConsumerConnection:
     ``_subscribe_request()`` (the Subscribe), ``async _on_subscribed(call,
     timeout)`` (first requests of a new stream), ``_on_connection_lost()``,
     ``_requeue_acks()``, ``_on_entries(entries)``, ``_drop_stale(entries)``,
-    ``_epoch``, ``_ack_receipts`` / ``_ack_answered(token)`` (acks in flight),
+    ``_epoch``, ``_ack_answered(request_id, error)`` (acks in flight, True if it was one),
     ``active`` and ``reached_end_of_topic``.
     """
 
@@ -277,13 +277,9 @@ class ConsumerConnection:
                 self._on_entries(batch.entries)
         elif kind in ("success", "error"):
             body = getattr(resp, kind)
-            token = self._ack_receipts.pop(body.request_id, None)
-            if token is not None:
-                self._ack_answered(token)
-                if kind == "error" and body.request_id not in self._requests:
-                    log.warning("[%s][%s] broker refused an acknowledgment: %s: %s", self.topic,
-                                self.conf.subscription_name, body.error, body.message)
-                    return
+            if self._ack_answered(body.request_id,
+                                  error_from_status(body.error, body.message) if kind == "error" else None):
+                return
             fut = self._requests.get(body.request_id)
             if fut is not None and not fut.done():
                 if kind == "success":

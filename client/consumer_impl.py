@@ -32,6 +32,7 @@ from client.consumer_connection import ConsumerConnection
 from client.dead_letter import DeadLetterPublisher
 from client.entry_format import peek_metadata
 from client.entry_splitter import EntrySplitter, StartFilter
+from client.ack_receipts import CONFIRMED, PENDING, REFUSED, REQUEUE, AckReceipts
 from client.errors import AlreadyClosed, ConnectError, CorruptedMessage, PulsarException, Timeout
 from client.message import Message
 from client.message_id import MessageId, chunk_message_ids
@@ -131,8 +132,7 @@ class ConsumerImpl(ConsumerConnection):
         # Exclusive/Failover; frames of an older epoch are dropped.  A stream starts at 0
         # on both sides (its frames cannot reach another stream).
         self._epoch = 0
-        self._ack_receipts: dict[int, int] = {}   # ack request id -> in-flight token of the tracker
-        self._ack_token_frames: dict[int, int] = {}  # in-flight token -> frames not answered yet
+        self.receipts = AckReceipts()   # ack frames in flight and the acknowledge_and_wait calls waiting
         self._background: set[asyncio.Task] = set()
         self._maintenance_task: asyncio.Task | None = None
 
@@ -169,8 +169,7 @@ class ConsumerImpl(ConsumerConnection):
 
     def _requeue_acks(self) -> None:
         """The stream broke: acks not confirmed by the broker are pending again."""
-        self._ack_receipts.clear()
-        self._ack_token_frames.clear()
+        self.receipts.connection_lost()
         if self.tracker.requeue_in_flight(now_ms()):
             self._flush_now = True
 
@@ -259,6 +258,7 @@ class ConsumerImpl(ConsumerConnection):
         for fut in self._requests.values():
             if not fut.done():
                 fut.set_exception(AlreadyClosed("consumer closed"))
+        self.receipts.close(AlreadyClosed("consumer closed before the broker confirmed the acknowledgment"))
         if self._owns_queue:
             self.queue.close()
         else:
@@ -407,44 +407,64 @@ class ConsumerImpl(ConsumerConnection):
         token, frames = self.tracker.flush_in_flight()
         if frames:
             for ack in frames:
-                ack.request_id = rid = next(self._request_ids)
-                self._ack_receipts[rid] = token
-            self._ack_token_frames[token] = len(frames)
+                ack.request_id = next(self._request_ids)
+            self.receipts.sent(token, [ack.request_id for ack in frames])
+        self.receipts.attach()
         return frames
 
-    def _ack_answered(self, token: int) -> None:
-        left = self._ack_token_frames.get(token, 1) - 1
-        if left > 0:
-            self._ack_token_frames[token] = left
-        else:
-            self._ack_token_frames.pop(token, None)
+    def _ack_answered(self, request_id: int, error: PulsarException | None) -> bool:
+        """The broker answered the ack frame ``request_id`` (``error``: its
+        CommandError, None for success). Returns False if it was not an ack in
+        flight. A flush refused with a retriable error (its topic is being
+        unloaded) is pending again; one refused otherwise is dropped, and the
+        calls waiting for it get the error (AckReceipts)."""
+        token, outcome = self.receipts.answered(request_id, error)
+        if token is None:
+            return False
+        if outcome in (CONFIRMED, REFUSED):
             self.tracker.confirm(token)
+        elif outcome == REQUEUE:
+            self.tracker.requeue(token, now_ms())
+            self._wake.set()
+        if error is not None and outcome != PENDING:
+            log.warning("[%s][%s] broker refused an acknowledgment (%s): %s", self.topic,
+                        self.conf.subscription_name, "sent again" if outcome == REQUEUE else "dropped", error)
+        return True
 
     async def _flush_acks_and_wait(self) -> None:
-        frames = self._take_acks()
-        if not frames:
-            return
-        futs = []
-        for ack in frames:
-            fut = self._loop.create_future()
-            self._requests[ack.request_id] = fut
-            futs.append(fut)
+        fut = self._loop.create_future()
+        self.receipts.add_waiter(fut)
         try:
-            for ack in frames:
+            for ack in self._take_acks():
                 await self._write(pb.ConsumerRequest(ack=ack))
-            await asyncio.wait_for(asyncio.gather(*futs), self._client.operation_timeout_seconds)
+            await asyncio.wait_for(asyncio.shield(fut), self._client.operation_timeout_seconds)
         except asyncio.TimeoutError:
             raise Timeout(f"acknowledgment on {self.topic}: no answer within "
                           f"{self._client.operation_timeout_seconds} s") from None
         finally:
-            for ack in frames:
-                self._requests.pop(ack.request_id, None)
+            if not fut.done():
+                fut.cancel()
 
     async def flush_acks_and_wait(self) -> None:
-        """Send every pending ack now and wait for the broker's CommandSuccess
-        (the ``*_and_wait`` ack variants).  Raises like ``request``."""
-        await self._wait_connected()
-        await self._flush_acks_and_wait()
+        """Send every pending ack now and wait until the broker confirmed them
+        (the ``*_and_wait`` ack variants, Pulsar's ack receipt), whichever flush
+        carries them: while disconnected they leave on the new connection, and
+        a flush the broker refuses as retriable (topic being unloaded) is sent
+        again. Raises the broker's non-retriable error (``InvalidArgument``,
+        ``NotAllowed``), ``Timeout`` (no confirmation within the operation
+        timeout), ``AlreadyClosed``, or a consumer's failure."""
+        fut = self._loop.create_future()
+        self.receipts.add_waiter(fut)   # before waiting: a reconnection may send the acks meanwhile
+        try:
+            await self._wait_connected()
+            await self._flush_acks_and_wait()
+            await asyncio.wait_for(asyncio.shield(fut), self._client.operation_timeout_seconds)
+        except asyncio.TimeoutError:
+            raise Timeout(f"acknowledgment on {self.topic}: no answer within "
+                          f"{self._client.operation_timeout_seconds} s") from None
+        finally:
+            if not fut.done():
+                fut.cancel()
 
     def redeliver_unacknowledged(self, positions: list[MessageId] | None = None) -> None:
         """Pulsar's redeliverUnacknowledgedMessages: ``positions`` (entry ids) or,

@@ -1,7 +1,14 @@
-"""Shared pytest fixtures: real server processes that are always killed at teardown."""
+"""Shared pytest fixtures: real server processes that are always killed at teardown.
+
+``hypothesis`` is imported here, at start-up, on purpose: otherwise its pytest
+plugin imports it in the terminal summary after a run that used no hypothesis
+test, and under CPython 3.11.7 the assertion rewriter's ``ast.parse`` of it
+then fails now and then with "SystemError: AST constructor recursion depth
+mismatch" (CPython gh-106905), turning a green run's exit status into 1."""
 
 from __future__ import annotations
 
+import hypothesis  # noqa: F401
 import pytest
 
 from tests.procs import BookieProcess, ProcessTracker, start_bookie

@@ -26,7 +26,7 @@ import pytest
 from client.admin import AdminClient
 from client.client import AsyncClient
 from client.consumer import ConsumerType, DeadLetterPolicy, InitialPosition
-from client.errors import Timeout
+from client.errors import InvalidArgument, Timeout
 from client.message_id import MessageId
 from tests.tcp_proxy import TcpProxy
 
@@ -397,6 +397,63 @@ async def test_acks_in_the_group_window_survive_connection_cuts(standalone, clie
         finally:
             await admin.close()
     finally:
+        await consumer_client.close()
+
+
+# ---------------------------------------------------------------- ack receipts across reconnects
+async def test_acknowledge_and_wait_while_reconnecting_waits_for_the_brokers_answer(standalone, client, proxy):
+    """``acknowledge_and_wait`` called while the consumer is reconnecting returns only
+    once the broker answered the flush that carried its ack -- here the one sent on the
+    new connection before the first Flow -- and raises the broker's refusal (Pulsar's
+    ack receipt). Before, it found its ack already taken by that flush and returned at
+    once: an ack the broker refused (one for an entry that does not exist) looked
+    confirmed, and a confirmed-looking ack could be lost when the topic was unloaded
+    again before applying it (the delivery model's open finding, issue 20)."""
+    topic = unique("delivery-ack-receipt")
+    consumer_client = AsyncClient(proxy.service_url, operation_timeout_seconds=10)
+    admin = AdminClient(standalone.service_url)
+    try:
+        consumer = await consumer_client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared,
+                                                   initial_position=InitialPosition.Earliest)
+        await produce(client, topic, [b"a", b"b"])
+        first = await consumer.receive(timeout_millis=10000)
+        await consumer.receive(timeout_millis=10000)
+        impl = consumer._resolve(first)[0]
+        answers: list = []
+        original = impl._ack_answered
+
+        def spy(*args):   # (request_id, error): the broker answered an ack frame
+            was_ack = original(*args)
+            if was_ack:
+                answers.append(args[-1])
+            return was_ack
+        impl._ack_answered = spy
+
+        async def ack_while_reconnecting(mid):
+            proxy.refuse(True)
+            proxy.cut()
+            await until(lambda: impl._call is None, what="the consumer noticed the cut")
+            task = asyncio.create_task(consumer.acknowledge_and_wait(mid))
+            await asyncio.sleep(0.3)
+            assert not task.done(), "acknowledge_and_wait returned while disconnected"
+            proxy.refuse(False)
+            return task
+
+        # 1. refused: the flush sent on reconnection gets InvalidArgument, and so does the caller
+        bogus = MessageId(first.message_id().ledger_id, 1_000_000)
+        task = await ack_while_reconnecting(bogus)
+        with pytest.raises(InvalidArgument):
+            await asyncio.wait_for(task, 30)
+        assert answers and isinstance(answers[-1], InvalidArgument)
+
+        # 2. applied: done only after the broker confirmed it, so the backlog shows it at once
+        answered_before = len(answers)
+        task = await ack_while_reconnecting(first.message_id())
+        await asyncio.wait_for(task, 30)
+        assert len(answers) > answered_before and answers[-1] is None
+        assert await backlog(admin, topic, "sub") == 1
+    finally:
+        await admin.close()
         await consumer_client.close()
 
 

@@ -76,6 +76,13 @@ now run as regression tests (``test_delivery_model_replay_*``):
   #23713), so the assembler dropped the message
   (``delivery_reader_at_chunked_id.txt``); fixed in ``client.consumer_impl``
   (``first_chunk_of``, for seeks too).
+* confirmed batch-index acks on Key_Shared delivered again after double
+  unloads (seen once in a long run, never in a replay of its trace, kept as
+  ``delivery_keyshared_batch_ack_redelivered.txt``): ``acknowledge_and_wait``
+  called while the consumer reconnected returned as soon as the new
+  connection's own flush had taken its ack, without waiting for the broker's
+  answer, and a refused flush was dropped; fixed with ack receipts
+  (``client.ack_receipts``), test in ``test_delivery_consumer.py``.
 
 Profiles (environment variables, read at import):
 
