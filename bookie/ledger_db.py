@@ -29,7 +29,7 @@ import sqlite3
 from bookie.ledger_records import _Ledger
 
 __all__ = ["DB_FILE_NAME", "PAGE_SIZE_BYTES", "VACUUM_STEP_PAGES", "init_schema", "migrate", "write_group",
-           "vacuum_step", "load_ledgers", "fetch_possible_duplicates"]
+           "vacuum_step", "load_ledgers", "last_stored_entry", "fetch_possible_duplicates"]
 
 log = logging.getLogger("bookie.storage")   # the storage's logger, as before this module was split off
 
@@ -138,9 +138,21 @@ def vacuum_step(db: sqlite3.Connection, pages: int) -> bool:
 
 
 def load_ledgers(db: sqlite3.Connection) -> dict[int, _Ledger]:
-    """Every ledger record of table ``ledgers``: {ledger id: record}. Raises ``sqlite3.Error``."""
+    """Every ledger record of table ``ledgers``: {ledger id: record}, each with its last
+    entry id taken from table ``entries`` when the row's is behind. Raises ``sqlite3.Error``."""
     rows = db.execute("SELECT ledger_id, master_key, fenced, lac, last_entry_id FROM ledgers").fetchall()
-    return {r[0]: _Ledger(bytes(r[1]), bool(r[2]), r[3], r[4]) for r in rows}
+    ledgers = {}
+    for ledger_id, key, fenced, lac, last in rows:
+        # the row's last entry id may be behind: adds do not rewrite it (bookie.ledger_records)
+        ledgers[ledger_id] = _Ledger(bytes(key), bool(fenced), lac, max(last, last_stored_entry(db, ledger_id)))
+    return ledgers
+
+
+def last_stored_entry(db: sqlite3.Connection, ledger_id: int) -> int:
+    """The highest entry id of ``ledger_id`` in table ``entries`` (-1 for none); one
+    b-tree descent of the (ledger_id, entry_id) primary key. Raises ``sqlite3.Error``."""
+    row = db.execute("SELECT max(entry_id) FROM entries WHERE ledger_id = ?", (ledger_id,)).fetchone()
+    return -1 if row is None or row[0] is None else row[0]
 
 
 def fetch_possible_duplicates(db: sqlite3.Connection, ledgers: dict, group: list) -> dict[tuple[int, int], bytes]:

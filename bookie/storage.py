@@ -345,16 +345,29 @@ class LedgerStorage(GroupCommitJournal):
     # ------------------------------------------------------------------ reads
 
     async def read_lac(self, ledger_id: int) -> tuple[int, int]:
-        """Committed ``(last_add_confirmed, last_entry_id)`` of a ledger (BookKeeper readLac).
+        """``(last_add_confirmed, last_entry_id)`` of a ledger (BookKeeper readLac).
 
-        Raises :class:`LedgerNotFound` if this bookie has no record of it.
+        ``last_entry_id``: the highest entry id committed here (-1 for none).
+        ``last_add_confirmed``: the highest LAC piggy-backed on the adds seen
+        (as BookKeeper, from memory: a LAC speaks of entries the writer already
+        had acknowledged, whether or not the add carrying it commits here), or
+        the row's value, a lower bound, for a ledger not in memory.
+        Raises :class:`LedgerNotFound` if this bookie has no committed record of it.
         """
-        rows = await self._reader().execute_fetchall(
+        db = self._reader()
+        rows = await db.execute_fetchall(
             "SELECT lac, last_entry_id FROM ledgers WHERE ledger_id = ?", (ledger_id,)
         )
         if not rows:
             raise LedgerNotFound(f"ledger {ledger_id} not found on this bookie")
-        return rows[0][0], rows[0][1]
+        lac, last = rows[0]
+        stored = await db.execute_fetchall("SELECT max(entry_id) FROM entries WHERE ledger_id = ?", (ledger_id,))
+        if stored and stored[0][0] is not None:
+            last = max(last, stored[0][0])
+        record = self._ledgers.get(ledger_id)
+        if record is not None:
+            lac = max(lac, record.lac)
+        return lac, last
 
     async def check_range(self, ledger_id: int, first: int, last: int) -> None:
         """Check that every entry of ``[first, last]`` (inclusive) is stored.

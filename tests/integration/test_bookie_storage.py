@@ -142,6 +142,46 @@ async def test_failed_commit_fails_its_group_only_and_keeps_state_consistent(sto
     assert [e for e, _ in await stored(storage, 6, 0, 1)] == [0, 1]
 
 
+async def test_adds_do_not_rewrite_the_ledger_row_and_the_last_entry_survives_reopen(tmp_path, monkeypatch):
+    """An add writes its entry's page only: the ledger's row is written when the ledger
+    is created (and on fence/delete), not each time an add moves its LAC or last entry
+    id (that doubled the WAL bytes of every commit, about 34 MB/s per bookie at 5,000
+    msg/s). After a reopen the last entry id comes from the entries themselves and the
+    LAC is a lower bound that the next add raises again."""
+    s = st.LedgerStorage(str(tmp_path / "bk"))
+    await s.open()
+    real = st.LedgerStorage._write_group
+    ledger_rows_per_commit: list[int] = []
+
+    def spy(db, deletes, rows, ledger_rows):
+        ledger_rows_per_commit.append(len(ledger_rows))
+        return real(db, deletes, rows, ledger_rows)
+
+    monkeypatch.setattr(st.LedgerStorage, "_write_group", staticmethod(spy))
+    for e in range(100):   # one commit each
+        assert await s.add_entries([op(9, e, lac=e - 1)]) == {}
+    assert ledger_rows_per_commit == [1] + [0] * 99
+    assert await s.read_lac(9) == (98, 99)
+    await s.close()
+    s = st.LedgerStorage(str(tmp_path / "bk"))
+    await s.open()
+    try:
+        lac, last = await s.read_lac(9)
+        assert last == 99 and -1 <= lac <= 98
+        assert await s.add_entries([op(9, 99, b"other")]) != {}      # still known as stored
+        assert await s.add_entries([op(9, 100, lac=99)]) == {}
+        assert await s.read_lac(9) == (99, 100)
+        assert await s.fence(9, KEY) == (99, 100)
+    finally:
+        await s.close()
+    s = st.LedgerStorage(str(tmp_path / "bk"))
+    await s.open()
+    try:
+        assert await s.read_lac(9) == (99, 100)   # a fence writes the row
+    finally:
+        await s.close()
+
+
 async def test_wal_is_checkpointed_while_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(st, "WAL_AUTOCHECKPOINT_PAGES", 64)  # 1 MiB of 16 KiB pages
     s = st.LedgerStorage(str(tmp_path / "bk"), journal_sync=False)
