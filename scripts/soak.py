@@ -40,6 +40,8 @@ before issue 23) and in the EntryCache.
     .venv/bin/python scripts/soak.py                      # the issue's run: 10 min at 5,000 msg/s, x3
     .venv/bin/python scripts/soak.py --duration 240 --rate 2000 --runs 3
     .venv/bin/python scripts/soak.py --broker-config extra.toml     # e.g. eviction settings
+    .venv/bin/python scripts/soak.py --stall-watch                  # + which process stalled, per interval
+    .venv/bin/python scripts/soak.py --no-journal-sync              # bookies without fsync
     .venv/bin/python scripts/soak.py --scenario idle --topics 500 --consumers 500
     .venv/bin/python scripts/soak.py --scenario gc --entries 200000   # CPU of a full GC, cache layouts
     .venv/bin/python scripts/soak.py --aggregate runs-*.jsonl       # median/range per --label of saved runs
@@ -166,16 +168,25 @@ def bookie_pids(data_dir: Path) -> list[int]:
     return sorted(out)
 
 
-def env_for(repo: Path) -> dict:
+STALLWATCH = REPO / "scripts" / "stallwatch"
+
+
+def env_for(repo: Path, stall_dir: Path | None = None) -> dict:
+    """The environment of a process of checkout ``repo``; with ``stall_dir``, under the
+    stall watch (``scripts/stallwatch``: its ``sitecustomize`` first on PYTHONPATH)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    first = [str(STALLWATCH)] if stall_dir is not None else []
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*first, str(repo), env.get("PYTHONPATH")]))
+    if stall_dir is not None:
+        env["STALLWATCH_DIR"] = str(stall_dir)
     return env
 
 
 class Standalone:
     """A standalone of checkout ``repo`` started under the probe."""
 
-    def __init__(self, repo: Path, base: Path, sample_s: float, broker_config: str | None):
+    def __init__(self, repo: Path, base: Path, sample_s: float, broker_config: str | None,
+                 stall_dir: Path | None = None, journal_sync: bool = True):
         self.repo, self.base, self.sample_s = repo, base, sample_s
         self.data = base / "data"
         self.probe_file = base / "probe.jsonl"
@@ -185,7 +196,9 @@ class Standalone:
                "--http-port", "0", "--data-dir", str(self.data)]
         if broker_config:
             cmd += ["--broker-config", broker_config]
-        self.popen = subprocess.Popen(cmd, cwd=str(repo), env=env_for(repo), stdout=subprocess.PIPE,
+        if not journal_sync:
+            cmd.append("--no-journal-sync")
+        self.popen = subprocess.Popen(cmd, cwd=str(repo), env=env_for(repo, stall_dir), stdout=subprocess.PIPE,
                                       stderr=open(self.log, "ab"), stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
@@ -235,7 +248,11 @@ _LINE = re.compile(r"^\[e2e\]\s+([\d.]+) s:\s+([\d.]+) msg/s .*latency ms p50 ([
 def soak_once(args, run: int) -> dict:
     base = Path(tempfile.mkdtemp(prefix=f"soak-{run}-"))
     repo = Path(args.repo).resolve()
-    sa = Standalone(repo, base, args.sample, args.broker_config)
+    stall_dir = None
+    if args.stall_watch:
+        stall_dir = base / "stalls"
+        stall_dir.mkdir()
+    sa = Standalone(repo, base, args.sample, args.broker_config, stall_dir, args.journal_sync)
     progress(f"run {run}: standalone pid {sa.pid} (bookies {sa.bookies}) from {repo}; "
              f"{args.rate:g} msg/s of {args.size} B for {args.duration:g} s")
     try:
@@ -249,7 +266,8 @@ def soak_once(args, run: int) -> dict:
                     "e2e", topic, "--service-url", sa.service_url, "-r", str(args.rate), "-s", str(args.size),
                     "--batch-delay-ms", str(args.batch_delay_ms), "-d", str(args.duration), "--warmup", "0",
                     "-i", str(args.latency_interval), "--json"]
-        perf = subprocess.Popen(perf_cmd, cwd=str(repo), env=env_for(repo), stdout=subprocess.PIPE,
+        perf_started = time.time()
+        perf = subprocess.Popen(perf_cmd, cwd=str(repo), env=env_for(repo, stall_dir), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         latency: list[dict] = []
 
@@ -292,10 +310,33 @@ def soak_once(args, run: int) -> dict:
         probes = sa.probe_lines()[probe_offset:]
     finally:
         sa.stop()
-    return {"run": run, "repo": str(repo), "rate": args.rate, "size": args.size, "duration_s": args.duration,
-            "sample_s": args.sample, "rss_mb": rss, "probe": probes, "latency": latency,
-            "perf_summary": {k: perf_summary.get(k) for k in ("publish", "consume", "not_received")},
-            "summary": summarize(rss, probes, latency, args.sample)}
+    result = {"run": run, "repo": str(repo), "rate": args.rate, "size": args.size, "duration_s": args.duration,
+              "sample_s": args.sample, "journal_sync": args.journal_sync, "rss_mb": rss, "probe": probes,
+              "latency": latency,
+              "perf_summary": {k: perf_summary.get(k) for k in ("publish", "consume", "not_received")},
+              "summary": summarize(rss, probes, latency, args.sample)}
+    if stall_dir is not None:
+        result["stalls"] = report_stalls(run, stall_dir, perf_started, args.latency_interval, latency)
+    return result
+
+
+def report_stalls(run: int, stall_dir: Path, start: float, interval_s: float, latency: list[dict]) -> dict:
+    """Print, per latency line, its p99 beside each process's main-thread stalls in that
+    interval (scripts/stallwatch); returns the stall summary."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stallwatch_report", STALLWATCH / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    stalls = report.summarize(stall_dir, start, interval_s)
+    for name, p in sorted(stalls["processes"].items()):
+        progress(f"run {run} stalls {name}: {p['stalls']} over 80 ms, longest {p['longest_ms']} ms, "
+                 f"{p['stalled_ms']} ms in all, mostly at {p['top']}")
+    for i, line in enumerate(latency):
+        during = stalls["per_minute"][i] if i < len(stalls["per_minute"]) else {}
+        progress(f"run {run} interval {i + 1:2d}: p99 {line['p99']:8.1f} ms | stalls "
+                 + (", ".join(f"{n} {c} (max {m} ms)" for n, (c, m) in sorted(during.items())) or "none"))
+    return stalls
 
 
 def summarize(rss: list[dict], probes: list[dict], latency: list[dict], sample_s: float) -> dict:
@@ -455,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=float, default=30.0, help="seconds between samples (default 30)")
     p.add_argument("--latency-interval", type=float, default=60.0, help="seconds per latency line (default 60)")
     p.add_argument("--broker-config", default=None, metavar="FILE.toml", help="extra broker settings")
+    p.add_argument("--no-journal-sync", dest="journal_sync", action="store_false", default=True,
+                   help="bookies without fsync (takes the disk's fsync latency out of the figures)")
+    p.add_argument("--stall-watch", action="store_true",
+                   help="run every process under scripts/stallwatch and print, per latency line, which "
+                        "process's main thread was held (> 80 ms) and where")
     p.add_argument("--topics", type=int, default=500, help="idle scenario: topics (default 500)")
     p.add_argument("--consumers", type=int, default=500, help="idle scenario: consumers (default 500)")
     p.add_argument("--settle", type=float, default=5.0, help="idle scenario: seconds before each RSS reading")

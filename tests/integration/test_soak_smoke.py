@@ -30,3 +30,19 @@ def test_soak_short_run_prints_samples_and_a_summary():
     assert run["latency"] and run["perf_summary"]["not_received"] == 0
     assert {"broker_rss_mb_end", "p99_ms_first_minute", "cache_entries_end", "gc_pause_ms_per_s_last_2min"} \
         <= run["summary"].keys()
+
+
+def test_soak_stall_watch_names_every_process_and_journal_sync_can_be_off():
+    """``--stall-watch`` runs the standalone, its bookies and the perf client under
+    scripts/stallwatch and reports per process; ``--no-journal-sync`` is recorded."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "soak.py"), "--runs", "1", "--duration", "4",
+                           "--rate", "200", "--sample", "2", "--latency-interval", "2", "--stall-watch",
+                           "--no-journal-sync"],
+                          cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    print(proc.stderr[-3000:])
+    run = json.loads(proc.stdout.splitlines()[0])
+    assert run["journal_sync"] is False
+    assert set(run["stalls"]["processes"]) == {"broker", "bookie-0", "bookie-1", "perf"}
+    assert "interval  1: p99" in proc.stderr
