@@ -431,9 +431,13 @@ class ConsumerImpl(ConsumerConnection):
                         self.conf.subscription_name, "sent again" if outcome == REQUEUE else "dropped", error)
         return True
 
-    async def _flush_acks_and_wait(self) -> None:
-        fut = self._loop.create_future()
-        self.receipts.add_waiter(fut)
+    async def _flush_acks_and_wait(self, fut: asyncio.Future | None = None) -> None:
+        """Send the pending acks and wait (operation timeout) until the broker
+        answered every flush that may carry them; ``fut``: a waiter registered
+        earlier (``AckReceipts.add_waiter``), else one is registered now."""
+        if fut is None:
+            fut = self._loop.create_future()
+            self.receipts.add_waiter(fut)
         try:
             for ack in self._take_acks():
                 await self._write(pb.ConsumerRequest(ack=ack))
@@ -457,14 +461,10 @@ class ConsumerImpl(ConsumerConnection):
         self.receipts.add_waiter(fut)   # before waiting: a reconnection may send the acks meanwhile
         try:
             await self._wait_connected()
-            await self._flush_acks_and_wait()
-            await asyncio.wait_for(asyncio.shield(fut), self._client.operation_timeout_seconds)
-        except asyncio.TimeoutError:
-            raise Timeout(f"acknowledgment on {self.topic}: no answer within "
-                          f"{self._client.operation_timeout_seconds} s") from None
-        finally:
-            if not fut.done():
-                fut.cancel()
+        except BaseException:
+            fut.cancel()
+            raise
+        await self._flush_acks_and_wait(fut)
 
     def redeliver_unacknowledged(self, positions: list[MessageId] | None = None) -> None:
         """Pulsar's redeliverUnacknowledgedMessages: ``positions`` (entry ids) or,
