@@ -415,6 +415,21 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         except Exception as exc:
             await abort_with(context, exc)
 
+    async def Lookup(self, request, context):
+        """Which broker serves ``request.topic`` (Pulsar's CommandLookupTopic): CONNECT with the
+        owner's service URL, or REDIRECT to the broker that will decide (``BrokerService.lookup``).
+        A standalone broker answers CONNECT with ``proxy_through_service_url``. INVALID_ARGUMENT
+        for an invalid topic name; UNAVAILABLE (ServiceNotReady) while no broker can take it."""
+        try:
+            TopicName.get(request.topic)
+            answer = await self.service.lookup(request.topic, request.authoritative)
+            return pb.LookupResponse(
+                response=pb.LookupResponse.REDIRECT if answer.redirect else pb.LookupResponse.CONNECT,
+                broker_service_url=answer.broker_service_url, authoritative=answer.authoritative,
+                proxy_through_service_url=answer.proxy_through_service_url)
+        except Exception as exc:
+            await abort_with(context, exc)
+
     async def Admin(self, request, context):
         """One admin verb (``method``, e.g. "topics.stats") with a JSON body, answered in JSON
         (``service.admin.dispatch``; Pulsar's REST admin API); its errors end the call with their status."""

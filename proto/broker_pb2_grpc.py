@@ -64,6 +64,11 @@ class PulsarBrokerStub:
                 request_serializer=broker__pb2.AdminRequest.SerializeToString,
                 response_deserializer=broker__pb2.AdminResponse.FromString,
                 _registered_method=True)
+        self.Lookup = channel.unary_unary(
+                '/minipulsar.broker.PulsarBroker/Lookup',
+                request_serializer=broker__pb2.LookupRequest.SerializeToString,
+                response_deserializer=broker__pb2.LookupResponse.FromString,
+                _registered_method=True)
 
 
 class PulsarBrokerServicer:
@@ -105,6 +110,12 @@ class PulsarBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lookup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PulsarBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_PulsarBrokerServicer_to_server(servicer, server):
                     servicer.Admin,
                     request_deserializer=broker__pb2.AdminRequest.FromString,
                     response_serializer=broker__pb2.AdminResponse.SerializeToString,
+            ),
+            'Lookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lookup,
+                    request_deserializer=broker__pb2.LookupRequest.FromString,
+                    response_serializer=broker__pb2.LookupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class PulsarBroker:
             '/minipulsar.broker.PulsarBroker/Admin',
             broker__pb2.AdminRequest.SerializeToString,
             broker__pb2.AdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minipulsar.broker.PulsarBroker/Lookup',
+            broker__pb2.LookupRequest.SerializeToString,
+            broker__pb2.LookupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,3 +100,12 @@ async def meta(tmp_path):
     store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
     yield store
     await store.close()
+
+
+@pytest.fixture
+def etcd(tmp_path, process_tracker):
+    """A real etcd server of this test (``tests.procs.EtcdProcess``: ``.url`` is
+    ``etcd://127.0.0.1:<port>``), killed at teardown."""
+    from tests.procs import start_etcd
+
+    return start_etcd(tmp_path / "etcd", tracker=process_tracker)

@@ -309,3 +309,140 @@ def restart_bookie_same_port(proc: BookieProcess, extra_args=()) -> BookieProces
     bookies by address), with the same tracker; ``extra_args`` e.g. ``("--format",)``."""
     return start_bookie(proc.data_dir, proc.journal_sync, ("--port", str(proc.port), *extra_args),
                         tracker=proc.tracker)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (bind to 0, close)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdProcess:
+    """A real single-member ``etcd`` server (Debian's ``etcd-server``) on free loopback
+    ports, data in ``data_dir/etcd``. ``.url`` is ``etcd://127.0.0.1:<client port>``
+    (the broker's ``metadata_store_url``), ``.client_port``. ``restart()`` keeps the
+    ports and the data; ``pause()``/``resume()`` SIGSTOP/SIGCONT it; ``kill()`` is kill -9.
+    Raises RuntimeError naming what to install when ``etcd`` is not on the PATH."""
+
+    def __init__(self, data_dir, tracker: ProcessTracker | None = None, ready_timeout_s: float = 20.0) -> None:
+        import shutil
+
+        self.binary = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+        if self.binary is None:
+            raise RuntimeError("etcd is not installed: run scripts/setup.sh (installs Debian's etcd-server) "
+                               "or apt-get install etcd-server")
+        self.data_dir = Path(data_dir)
+        self.tracker = tracker
+        self.ready_timeout_s = ready_timeout_s
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.popen: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"etcd://127.0.0.1:{self.client_port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
+
+    def command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [self.binary, "--name", "default", "--data-dir", str(self.data_dir / "etcd"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"default={peer}", "--log-level", "warn"]
+
+    def start(self) -> "EtcdProcess":
+        """Start etcd and wait until it answers on its client port (raises TimeoutError /
+        RuntimeError with the log tail)."""
+        import socket
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.data_dir / "etcd.log", "ab")
+        env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
+        self.popen = subprocess.Popen(self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+        log.close()
+        if self.tracker is not None:
+            self.tracker.add(self)  # type: ignore[arg-type]
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.popen.returncode}:\n{self.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.2):
+                    pass
+                if self._healthy():
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"etcd not ready after {self.ready_timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def _healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.client_port}/health", timeout=1) as r:
+                return b'"true"' in r.read()
+        except OSError:
+            return False
+
+    def log_tail(self, n_bytes: int = 3000) -> str:
+        try:
+            return (self.data_dir / "etcd.log").read_bytes()[-n_bytes:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def is_running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> int | None:
+        """SIGKILL and reap (no-op when not running); resumes a paused etcd first."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            try:
+                os.kill(self.popen.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.popen.kill()
+        return self.popen.wait()
+
+    def terminate(self, timeout_s: float = 10.0) -> int:
+        if self.popen is None:
+            return 0
+        if self.popen.poll() is None:
+            self.popen.terminate()
+        try:
+            return self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return self.kill() or -9
+
+    def pause(self) -> None:
+        """SIGSTOP: etcd stops answering (leases are not expired while it is stopped)."""
+        os.kill(self.popen.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.popen.pid, signal.SIGCONT)
+
+    def restart(self) -> "EtcdProcess":
+        """Start a new etcd process on the same ports and data dir (stop this one first)."""
+        if self.is_running():
+            raise RuntimeError("etcd is still running: kill() or terminate() it first")
+        return self.start()
+
+
+def start_etcd(data_dir, tracker: ProcessTracker | None = None) -> EtcdProcess:
+    """Start a real etcd on free loopback ports (blocking, ~0.5-1 s)."""
+    return EtcdProcess(data_dir, tracker).start()

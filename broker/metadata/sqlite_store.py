@@ -134,6 +134,7 @@ class SqliteMetadataStore(MetadataStore):
         self._watches: dict[int, tuple[str, WatchCallback]] = {}
         self._next_watch_id = 0
         self._tasks: set[asyncio.Task] = set()
+        self._ephemeral: set[str] = set()  # paths put_ephemeral wrote: deleted on close
 
     @classmethod
     async def open(cls, path: str) -> "SqliteMetadataStore":
@@ -343,6 +344,21 @@ class SqliteMetadataStore(MetadataStore):
 
         return cancel
 
+    # ------------------------------------------------------------ sessions
+
+    async def put_ephemeral(self, path: str, value: bytes, expected_version: Optional[int] = -1) -> int:
+        """``put`` of a node that this open store deletes again on ``close()`` (the
+        session of the embedded store is the open store). Same errors as ``put``."""
+        version = await self.put(path, value, expected_version)
+        self._ephemeral.add(path)
+        return version
+
+    def add_session_listener(self, callback) -> Callable[[], None]:
+        """The embedded store's session never changes: the listener is kept and never
+        called. Returns a function that removes it."""
+        self._check_open()
+        return lambda: None
+
     # ------------------------------------------------------------------ close
 
     async def close(self) -> None:
@@ -354,6 +370,12 @@ class SqliteMetadataStore(MetadataStore):
         """
         if self._closed:
             return
+        for path in sorted(self._ephemeral, reverse=True):
+            try:
+                await self.delete(path)
+            except (NotFound, MetadataStoreError):
+                pass
+        self._ephemeral.clear()
         self._closed = True
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)

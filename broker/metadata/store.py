@@ -62,8 +62,37 @@ class Notification:
 WatchCallback = Callable[[Notification], Optional[Awaitable[None]]]
 
 
+class SessionEvent:
+    """Values passed to session listeners (Pulsar's
+    ``org.apache.pulsar.metadata.api.extended.SessionEvent``).
+
+    * ``CONNECTION_LOST``: the store cannot reach its server; the session may still live.
+    * ``RECONNECTED``: reachable again within the session timeout; ephemeral nodes kept.
+    * ``SESSION_LOST``: the session (etcd lease) expired or could not be kept alive for
+      ``session_timeout_ms``: every ephemeral node of it is gone or about to be; a broker
+      must stop serving what those nodes claimed (Pulsar's ZooKeeper session expiry).
+    * ``SESSION_REESTABLISHED``: a new session is open (new lease); ephemeral nodes of the
+      lost one are not restored: re-create what is still wanted.
+    """
+
+    CONNECTION_LOST = "ConnectionLost"
+    RECONNECTED = "Reconnected"
+    SESSION_LOST = "SessionLost"
+    SESSION_REESTABLISHED = "SessionReestablished"
+
+
+SessionListener = Callable[[str], Optional[Awaitable[None]]]
+
+
 class MetadataStore(abc.ABC):
-    """Key/value store with versions, children and watches."""
+    """Key/value store with versions, children, watches and ephemeral nodes of a session.
+
+    ``shared``: True when several broker processes use the same store at once (etcd:
+    a broker cluster, with bundle ownership and lookup); False for the embedded SQLite
+    file that one standalone broker owns (it then serves every topic itself).
+    """
+
+    shared: bool = False
 
     @abc.abstractmethod
     async def get(self, path: str) -> Optional[GetResult]:
@@ -96,6 +125,22 @@ class MetadataStore(abc.ABC):
         """Call ``callback(Notification)`` for each change under ``prefix`` made through
         this store; returns a function that cancels the watch. Coroutine callbacks are
         scheduled as tasks."""
+
+    @abc.abstractmethod
+    async def put_ephemeral(self, path: str, value: bytes, expected_version: Optional[int] = -1) -> int:
+        """Write ``path`` as an ephemeral node of this store's session (ZooKeeper's
+        EPHEMERAL, an etcd key attached to the session lease): it is deleted when the
+        session ends (``close``, lease expiry after ``session_timeout_ms`` without
+        keep-alive, process death). ``expected_version`` as in ``put`` (default -1:
+        create only, ``BadVersion`` when the node exists, e.g. owned by another broker).
+        Returns the new version."""
+
+    @abc.abstractmethod
+    def add_session_listener(self, callback: SessionListener) -> Callable[[], None]:
+        """Call ``callback(event)`` (a ``SessionEvent`` value) on each session change;
+        returns a function that removes the listener. Coroutine callbacks are scheduled
+        as tasks. The embedded SQLite store's session lasts as long as the open store
+        and never emits events."""
 
     @abc.abstractmethod
     async def close(self) -> None:

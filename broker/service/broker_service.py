@@ -3,6 +3,7 @@ topic loading and auto-creation, namespace policy lookups and periodic stats."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Optional
@@ -19,6 +20,19 @@ from .resources import Policies, Resources
 from .topic import PersistentTopic
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupAnswer:
+    """Answer of a topic lookup (Pulsar's ``LookupResult``): ``broker_service_url``
+    (``minipulsar://host:port``) owns the topic (``redirect`` False) or must be asked
+    again (``redirect`` True, ``authoritative`` then set); ``proxy_through_service_url``:
+    the URL the client already uses reaches the owner (a standalone broker)."""
+
+    broker_service_url: str
+    redirect: bool = False
+    authoritative: bool = False
+    proxy_through_service_url: bool = False
 
 
 class BrokerService:
@@ -41,6 +55,7 @@ class BrokerService:
         self._last_counters: dict[str, tuple] = {}
         self._last_stats_time = time.monotonic()
         self.started_at = time.time()
+        self.service_url = ""  # minipulsar://host:port, set by BrokerServer once the port is bound
 
     async def start(self) -> None:
         """Start the periodic stats task (``update_rates`` every 2 s); topics are
@@ -75,6 +90,14 @@ class BrokerService:
         if policies.deduplication_enabled is not None:
             return policies.deduplication_enabled
         return self.config.broker_deduplication_enabled
+
+    # ---- lookup ---------------------------------------------------------
+    async def lookup(self, topic: str, authoritative: bool = False) -> LookupAnswer:
+        """Who serves ``topic``: a standalone broker (metadata store not shared) owns every
+        topic, so the answer is itself, reachable through the client's service URL
+        (Pulsar standalone). Broker clusters override this with bundle ownership."""
+        return LookupAnswer(broker_service_url=self.service_url,
+                            proxy_through_service_url=True)
 
     # ---- topics ---------------------------------------------------------
     async def get_topic(self, topic: str | TopicName, create: bool = True) -> PersistentTopic:
