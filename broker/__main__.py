@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-name", default=None)
     p.add_argument("--bookies", default=None, help="comma-separated bookie addresses host:port")
     p.add_argument("--data-dir", default=None, help="directory of the metadata store")
+    p.add_argument("--metadata-store-url", default=None,
+                   help="etcd://host:port[,host:port] to join a broker cluster (default: SQLite in --data-dir)")
     p.add_argument("--port", type=int, default=None, help="gRPC port (default 6600; 0 = any free port)")
     p.add_argument("--http-port", type=int, default=None, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
     p.add_argument("--bind-address", default=None)
@@ -36,7 +38,7 @@ def config_from_args(args) -> BrokerConfig:
     data = BrokerConfig.load_toml(args.config) if args.config else {}
     flags = {"cluster_name": args.cluster_name,
              "bookies": [b.strip() for b in args.bookies.split(",") if b.strip()] if args.bookies else None,
-             "data_dir": args.data_dir, "broker_service_port": args.port, "web_service_port": args.http_port,
+             "data_dir": args.data_dir, "metadata_store_url": args.metadata_store_url, "broker_service_port": args.port, "web_service_port": args.http_port,
              "bind_address": args.bind_address, "advertised_address": args.advertised_address}
     data = {**data, **{k: v for k, v in flags.items() if v is not None}}
     config, problems = BrokerConfig.parse(data, complete=True)

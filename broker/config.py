@@ -55,6 +55,17 @@ class BrokerConfig(ManagedLedgerSettings):
     replicated_subscriptions_snapshot_max_cached_per_subscription: int = 30
     # beyond PIP-33: UPDATEs between snapshots carrying acknowledged origins, at most this often
     replicated_subscriptions_update_interval_millis: int = 100
+    # broker clusters (Pulsar's metadataStoreUrl, metadataStoreSessionTimeoutMillis,
+    # defaultNumberOfNamespaceBundles, loadBalancer* keys): "" or "sqlite:PATH" = one standalone
+    # broker on its own SQLite file; "etcd://host:port[,host:port]" = a broker of a cluster
+    metadata_store_url: str = ""
+    metadata_store_session_timeout_millis: int = 5000
+    default_number_of_namespace_bundles: int = 4
+    load_balancer_enabled: bool = True
+    # a broker whose message rate stays above the cluster average by this much (%) sheds its busiest bundle
+    load_balancer_broker_overloaded_threshold_percentage: float = 85.0
+    load_balancer_report_update_min_interval_millis: int = 5000
+    load_balancer_shedding_interval_minutes: float = 1.0
     # managed ledger / bookkeeper keys: inherited from ManagedLedgerSettings
 
     def managed_ledger_config(self) -> ManagedLedgerConfig:
@@ -154,7 +165,14 @@ class BrokerConfig(ManagedLedgerSettings):
         bad_bookies = [b for b in self.bookies if not _is_address(b)]
         check("bookies", not bad_bookies,
               f"{', '.join(map(repr, bad_bookies))}: each bookie must be 'host:port' with a port in 1..65535")
-        if complete and not self.bookies and "bookies" not in bad:
+        url = self.metadata_store_url.strip()
+        check("metadata_store_url", url == "" or url.startswith("sqlite:") or url.startswith("etcd://"),
+              'must be "" (embedded SQLite in data_dir), "sqlite:PATH" or "etcd://host:port[,host:port...]"')
+        check("load_balancer_broker_overloaded_threshold_percentage",
+              self.load_balancer_broker_overloaded_threshold_percentage >= 0, "must be >= 0")
+        check("load_balancer_shedding_interval_minutes", self.load_balancer_shedding_interval_minutes > 0, "must be > 0")
+        registered = url.startswith("etcd://")  # bookies found under /ledgers/available
+        if complete and not self.bookies and "bookies" not in bad and not registered:
             problems.append('bookies is empty: give the bookies as bookies = ["host:port", ...] '
                             '(or --bookies host:port,...)')
         e = self.managed_ledger_default_ensemble_size
@@ -218,6 +236,9 @@ _MIN_VALUES: dict[str, float] = {
     "managed_ledger_cursor_max_entries_per_ledger": 1,
     "default_retention_time_in_minutes": -1,             # -1 = keep forever
     "default_retention_size_in_mb": -1,
+    "metadata_store_session_timeout_millis": 1000,
+    "default_number_of_namespace_bundles": 1,
+    "load_balancer_report_update_min_interval_millis": 100,
 }
 
 

@@ -397,6 +397,15 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         """Last and first entry of a topic, -1:-1 when empty (Pulsar's CommandGetLastMessageId);
         loads (or auto-creates) the topic: NOT_FOUND when it does not exist and cannot be created."""
         try:
+            owner = await self._owner_elsewhere(request.topic)
+            if owner is not None:  # a broker cluster: the owner answers (its entries, its LAC)
+                from proto.broker_pb2_grpc import PulsarBrokerStub
+                stub = PulsarBrokerStub(self.service.namespace_service.channel_to(owner))
+                try:
+                    return await stub.GetLastMessageId(request, timeout=30)
+                except grpc.aio.AioRpcError as exc:
+                    from proto.errors import error_from_status
+                    raise error_from_status(exc.code(), exc.details() or "") from None
             topic = await self.service.get_topic(request.topic)
             ml = topic.ml
             last = await topic.last_message_position()
@@ -406,6 +415,19 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 first_message_id=pb.Position(ledger_id=first.ledger_id, entry_id=first.entry_id))
         except Exception as exc:
             await abort_with(context, exc)
+
+    async def _owner_elsewhere(self, topic: str) -> Optional[str]:
+        """In a broker cluster, the service URL of the topic's owner when it is another
+        broker (assigning the bundle if unowned); None when this broker serves it or is
+        standalone."""
+        ns = self.service.namespace_service
+        if ns is None:
+            return None
+        served, _ = await ns.is_served_here(TopicName.get(topic))
+        if served:
+            return None
+        owner = await ns.find_owner(str(TopicName.get(topic)))
+        return None if owner == self.service.service_url else owner
 
     async def GetTopicsOfNamespace(self, request, context):
         """Every persistent topic of ``tenant/namespace``, partitions listed individually
@@ -434,6 +456,12 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         """One admin verb (``method``, e.g. "topics.stats") with a JSON body, answered in JSON
         (``service.admin.dispatch``; Pulsar's REST admin API); its errors end the call with their status."""
         try:
-            return pb.AdminResponse(body_json=await admin.dispatch(self.service, request.method, request.body_json))
+            from broker.ownership.admin_routing import route_admin
+
+            async def local(method: str, body_json: str) -> str:
+                return await admin.dispatch(self.service, method, body_json)
+
+            return pb.AdminResponse(body_json=await route_admin(self.service, request.method, request.body_json,
+                                                                local))
         except Exception as exc:
             await abort_with(context, exc)

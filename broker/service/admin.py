@@ -18,10 +18,11 @@ import json
 from typing import Any, Awaitable, Callable, Optional
 
 from broker.ledger.position import Position
+from proto.errors import NotAllowed
 from proto.topic_name import TopicName
 
 from .broker_service import BrokerService
-from .errors import InvalidArgument, NotFound
+from .errors import InvalidArgument, NotFound, ServiceNotReady
 from .resources import Resources, check_name, check_subscription_name
 
 Handler = Callable[[BrokerService, dict], Awaitable[Any]]
@@ -540,3 +541,104 @@ async def _topics_inject(s: BrokerService, b: dict):
 @verb("brokers.health")
 async def _health(s: BrokerService, b: dict):
     return {"ok": True, "cluster": s.config.cluster_name, "topics": len(s.topics)}
+
+
+# ---- broker clusters: brokers, bundles, lookup (Pulsar's /admin/v2/brokers, namespaces/{ns}/bundles) ----
+
+def _cluster_ns(s: BrokerService):
+    ns = getattr(s, "namespace_service", None)
+    if ns is None:
+        raise NotAllowed("this broker is standalone (metadata store not shared): it owns every topic and has no "
+                         "bundles to list, unload or split; start brokers with --metadata-store-url etcd://...")
+    return ns
+
+
+@verb("brokers.list")
+async def _brokers_list(s: BrokerService, b: dict):
+    """Live brokers with their load reports (Pulsar's ``brokers list`` + load report)."""
+    ns = getattr(s, "namespace_service", None)
+    if ns is None:
+        return [{"service_url": s.service_url, "standalone": True, "topics": len(s.topics)}]
+    leader = await ns.leader_url()
+    return [{**r.to_json(), "leader": r.service_url == leader} for r in await ns.live_brokers()]
+
+
+@verb("brokers.leader_broker")
+async def _brokers_leader(s: BrokerService, b: dict):
+    """The leader broker's service URL (Pulsar's ``brokers leader-broker``)."""
+    ns = getattr(s, "namespace_service", None)
+    if ns is None:
+        return {"service_url": s.service_url}
+    leader = await ns.leader_url()
+    if leader is None:
+        raise ServiceNotReady("no leader broker elected yet; retry")
+    return {"service_url": leader}
+
+
+@verb("topics.lookup", topic=TOPIC)
+async def _topics_lookup(s: BrokerService, b: dict):
+    """The broker serving a topic, assigning it when unowned (Pulsar's ``topics lookup``)."""
+    ns = getattr(s, "namespace_service", None)
+    if ns is None:
+        return {"broker_url": s.service_url}
+    return {"broker_url": await ns.find_owner(str(_topic(b))), "bundle": str(await ns.bundle_of(_topic(b)))}
+
+
+@verb("namespaces.bundles", namespace=NAMESPACE)
+async def _namespaces_bundles(s: BrokerService, b: dict):
+    """Bundles of a namespace with their owners (Pulsar's ``namespaces bundles``)."""
+    await s.resources.get_policies(b["namespace"])
+    ns = _cluster_ns(s)
+    bundles = await ns.bundles_of(b["namespace"])
+    out = bundles.to_json()
+    out["owners"] = {bundle.range: await ns.owner_of(bundle) for bundle in bundles.bundles}
+    return out
+
+
+@verb("namespaces.unload", namespace=NAMESPACE, bundle=_STR.optional(), _forwarded=_BOOL.optional())
+async def _namespaces_unload(s: BrokerService, b: dict):
+    """Unload every bundle of a namespace, or one (``bundle`` = ``0xLOWER_0xUPPER``), from
+    whichever broker owns it (Pulsar's ``namespaces unload [--bundle]``): its topics close and
+    move to the broker the next lookup picks. Returns ``{"unloaded": {range: topics closed}}``."""
+    await s.resources.get_policies(b["namespace"])
+    ns = _cluster_ns(s)
+    bundles = await ns.bundles_of(b["namespace"])
+    try:
+        chosen = [bundles.get(b["bundle"])] if b.get("bundle") else bundles.bundles
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    unloaded = {}
+    for bundle in chosen:
+        owner = await ns.owner_of(bundle)
+        if owner is None:
+            continue
+        if owner == s.service_url:
+            unloaded[bundle.range] = await ns.unload_bundle(bundle)
+        elif b.get("_forwarded"):
+            continue
+        else:
+            answer = await ns.admin_call(owner, "namespaces.unload",
+                                         {"namespace": b["namespace"], "bundle": bundle.range, "_forwarded": True})
+            unloaded.update(answer.get("unloaded", {}))
+    return {"unloaded": unloaded}
+
+
+@verb("namespaces.split_bundle", namespace=NAMESPACE, bundle=_STR)
+async def _namespaces_split(s: BrokerService, b: dict):
+    """Split a bundle in two equal ranges (Pulsar's ``namespaces split-bundle``), on its owner.
+    Returns ``{"bundles": [range, range]}``."""
+    await s.resources.get_policies(b["namespace"])
+    ns = _cluster_ns(s)
+    try:
+        bundle = (await ns.bundles_of(b["namespace"])).get(b["bundle"])
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    owner = await ns.owner_of(bundle)
+    if owner is not None and owner != s.service_url:
+        return await ns.admin_call(owner, "namespaces.split_bundle", {"namespace": b["namespace"],
+                                                                        "bundle": b["bundle"]})
+    try:
+        halves = await ns.split_bundle(bundle)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    return {"bundles": [h.range for h in halves]}

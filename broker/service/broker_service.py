@@ -56,6 +56,9 @@ class BrokerService:
         self._last_stats_time = time.monotonic()
         self.started_at = time.time()
         self.service_url = ""  # minipulsar://host:port, set by BrokerServer once the port is bound
+        # bundle ownership and lookup of a broker cluster (set by BrokerServer when the metadata
+        # store is shared); None: a standalone broker serves every topic
+        self.namespace_service = None
 
     async def start(self) -> None:
         """Start the periodic stats task (``update_rates`` every 2 s); topics are
@@ -73,6 +76,11 @@ class BrokerService:
             except Exception as exc:
                 log.warning("closing %s: %s", topic.name, exc)
         self.topics.clear()
+        if self.namespace_service is not None:
+            try:
+                await self.namespace_service.close()
+            except Exception as exc:  # noqa: BLE001 - the session's end releases the rest
+                log.warning("releasing bundle ownership: %s", exc)
         await self.ml_factory.close()
 
     # ---- policies -------------------------------------------------------
@@ -93,9 +101,12 @@ class BrokerService:
 
     # ---- lookup ---------------------------------------------------------
     async def lookup(self, topic: str, authoritative: bool = False) -> LookupAnswer:
-        """Who serves ``topic``: a standalone broker (metadata store not shared) owns every
-        topic, so the answer is itself, reachable through the client's service URL
-        (Pulsar standalone). Broker clusters override this with bundle ownership."""
+        """Who serves ``topic``: in a broker cluster, the owner of its bundle (assigned by the
+        leader when unowned; ``NamespaceService.lookup``). A standalone broker (metadata store
+        not shared) owns every topic, so the answer is itself, reachable through the client's
+        service URL (Pulsar standalone)."""
+        if self.namespace_service is not None:
+            return await self.namespace_service.lookup(topic, authoritative)
         return LookupAnswer(broker_service_url=self.service_url,
                             proxy_through_service_url=True)
 
@@ -106,6 +117,8 @@ class BrokerService:
         create is False), NotAllowed (the parent of a partitioned topic)."""
         tn = topic if isinstance(topic, TopicName) else TopicName.get(topic)
         key = str(tn)
+        if self.namespace_service is not None:
+            await self.namespace_service.check_serving(tn)
         loaded = self.topics.get(key)
         if loaded is not None and not loaded.closed:
             return loaded
