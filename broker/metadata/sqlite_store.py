@@ -17,6 +17,12 @@ Semantics beyond the ``MetadataStore`` contract, all following ZooKeeper:
   or deleted (ValueError).
 * A deleted and re-created node starts again at version 0.
 
+Ephemeral nodes (``put_ephemeral``): the session is the open store. Their paths
+are recorded in the ``ephemeral`` table in the same transaction as the node;
+``close()`` deletes them, and ``open()`` deletes those a crashed (``kill -9``)
+owner left behind, before anyone can read them (a node that got children is
+kept, as ZooKeeper never gives an ephemeral node children).
+
 Durability: WAL journal with ``synchronous=FULL``, so a change whose
 ``put``/``delete``/``increment_counter`` has returned survives a ``kill -9``
 or a power cut.
@@ -39,6 +45,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 import aiosqlite
 
+from broker.metadata.paths import check_path, check_writable, is_under, split_path
 from broker.metadata.store import (
     BadVersion,
     GetResult,
@@ -54,7 +61,9 @@ __all__ = ["SqliteMetadataStore"]
 
 log = logging.getLogger(__name__)
 
-_SCHEMA_VERSION = 1
+# 1: nodes; 2: + ephemeral (paths of ephemeral nodes, removed at close or, after a crash, at the next open).
+# A version-1 file is upgraded in place at open; older code refuses a version-2 file.
+_SCHEMA_VERSION = 2
 _COUNTER = struct.Struct(">q")
 
 _SCHEMA = (
@@ -68,46 +77,16 @@ _SCHEMA = (
     ) WITHOUT ROWID
     """,
     "CREATE INDEX IF NOT EXISTS nodes_by_parent ON nodes(parent, name)",
+    "CREATE TABLE IF NOT EXISTS ephemeral (path TEXT PRIMARY KEY) WITHOUT ROWID",
     # The root: parent '' so it is nobody's child.
     "INSERT OR IGNORE INTO nodes(path, parent, name, value, version) VALUES ('/', '', '', x'', 0)",
 )
 
 
-def _check_path(path: Any) -> str:
-    """Return ``path`` if it is a valid absolute node path, else raise ValueError."""
-    if not isinstance(path, str):
-        raise ValueError(f"metadata path must be a str, got {type(path).__name__}")
-    if path == "/":
-        return path
-    if not path.startswith("/"):
-        raise ValueError(f"metadata path must start with '/': {path!r}")
-    if path.endswith("/"):
-        raise ValueError(f"metadata path must not end with '/': {path!r}")
-    if "\x00" in path:
-        raise ValueError(f"metadata path must not contain NUL: {path!r}")
-    for segment in path[1:].split("/"):
-        if segment == "":
-            raise ValueError(f"metadata path has an empty segment: {path!r}")
-        if segment in (".", ".."):
-            raise ValueError(f"metadata path must not contain '.' or '..' segments: {path!r}")
-    return path
-
-
-def _check_writable(path: Any) -> str:
-    path = _check_path(path)
-    if path == "/":
-        raise ValueError("the root node '/' cannot be written or deleted")
-    return path
-
-
-def _split(path: str) -> tuple[str, str]:
-    """``/a/b/c`` -> (``/a/b``, ``c``); ``/a`` -> (``/``, ``a``)."""
-    parent, _, name = path.rpartition("/")
-    return (parent or "/"), name
-
-
-def _under(path: str, prefix: str) -> bool:
-    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+_check_path = check_path
+_check_writable = check_writable
+_split = split_path
+_under = is_under
 
 
 class SqliteMetadataStore(MetadataStore):
@@ -134,7 +113,6 @@ class SqliteMetadataStore(MetadataStore):
         self._watches: dict[int, tuple[str, WatchCallback]] = {}
         self._next_watch_id = 0
         self._tasks: set[asyncio.Task] = set()
-        self._ephemeral: set[str] = set()  # paths put_ephemeral wrote: deleted on close
 
     @classmethod
     async def open(cls, path: str) -> "SqliteMetadataStore":
@@ -166,6 +144,7 @@ class SqliteMetadataStore(MetadataStore):
                 for statement in _SCHEMA:
                     await db.execute(statement)
                 await db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                await cls._remove_stale_ephemerals(db, path)
                 await db.execute("COMMIT")
             except BaseException:
                 await db.execute("ROLLBACK")
@@ -174,6 +153,24 @@ class SqliteMetadataStore(MetadataStore):
             await db.close()
             raise
         return cls(db, path)
+
+    @staticmethod
+    async def _remove_stale_ephemerals(db: aiosqlite.Connection, path: str) -> None:
+        """Inside the open transaction: delete the ephemeral nodes of a previous session
+        that ended without ``close()`` (crash, kill -9), deepest first; a node with
+        children is kept (as persistent)."""
+        async with db.execute("SELECT path FROM ephemeral ORDER BY path DESC") as cur:
+            stale = [row[0] for row in await cur.fetchall()]
+        removed = 0
+        for node in stale:
+            async with db.execute("SELECT 1 FROM nodes WHERE parent = ? LIMIT 1", (node,)) as cur:
+                if await cur.fetchone() is not None:
+                    continue
+            async with db.execute("DELETE FROM nodes WHERE path = ?", (node,)) as cur:
+                removed += cur.rowcount
+        await db.execute("DELETE FROM ephemeral")
+        if removed:
+            log.info("metadata store %s: removed %d ephemeral node(s) left by a previous session", path, removed)
 
     # ------------------------------------------------------------------ reads
 
@@ -228,6 +225,9 @@ class SqliteMetadataStore(MetadataStore):
         path or expected_version < -1, TypeError if ``value`` is not bytes-like,
         MetadataStoreError when closed.
         """
+        return await self._put(path, value, expected_version, ephemeral=False)
+
+    async def _put(self, path: str, value: bytes, expected_version: Optional[int], ephemeral: bool) -> int:
         path = _check_writable(path)
         if expected_version is not None and (
             not isinstance(expected_version, int) or expected_version < -1
@@ -239,6 +239,8 @@ class SqliteMetadataStore(MetadataStore):
 
         async def txn(notes: list[Notification]) -> int:
             current = await self._version_of(path)
+            if ephemeral:
+                await self._db.execute("INSERT OR IGNORE INTO ephemeral(path) VALUES (?)", (path,))
             if current is None:
                 if expected_version is not None and expected_version >= 0:
                     raise NotFound(f"{path} does not exist (expected version {expected_version})")
@@ -282,6 +284,7 @@ class SqliteMetadataStore(MetadataStore):
                 if await cur.fetchone() is not None:
                     raise MetadataStoreError(f"cannot delete {path}: it has children")
             await self._db.execute("DELETE FROM nodes WHERE path = ?", (path,))
+            await self._db.execute("DELETE FROM ephemeral WHERE path = ?", (path,))
             notes.append(Notification(NotificationType.DELETED, path))
 
         await self._write(txn)
@@ -348,10 +351,10 @@ class SqliteMetadataStore(MetadataStore):
 
     async def put_ephemeral(self, path: str, value: bytes, expected_version: Optional[int] = -1) -> int:
         """``put`` of a node that this open store deletes again on ``close()`` (the
-        session of the embedded store is the open store). Same errors as ``put``."""
-        version = await self.put(path, value, expected_version)
-        self._ephemeral.add(path)
-        return version
+        session of the embedded store is the open store); if the process dies without
+        ``close()``, the next ``open()`` of the file deletes it. A later plain ``put``
+        keeps the node ephemeral (ZooKeeper's setData). Same errors as ``put``."""
+        return await self._put(path, value, expected_version, ephemeral=True)
 
     def add_session_listener(self, callback) -> Callable[[], None]:
         """The embedded store's session never changes: the listener is kept and never
@@ -370,12 +373,17 @@ class SqliteMetadataStore(MetadataStore):
         """
         if self._closed:
             return
-        for path in sorted(self._ephemeral, reverse=True):
+        try:
+            async with self._reading():
+                async with self._db.execute("SELECT path FROM ephemeral ORDER BY path DESC") as cur:
+                    ephemeral = [row[0] for row in await cur.fetchall()]
+        except MetadataStoreError:
+            ephemeral = []
+        for path in ephemeral:
             try:
                 await self.delete(path)
-            except (NotFound, MetadataStoreError):
+            except MetadataStoreError:  # gone already, or it has children: stays
                 pass
-        self._ephemeral.clear()
         self._closed = True
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
