@@ -48,12 +48,23 @@ def _add_geo(subparsers) -> None:
     p.set_defaults(func=run_from_args)
 
 
+def _add_cluster(subparsers) -> None:
+    from deploy.cluster import add_arguments, run_from_args
+
+    p = subparsers.add_parser("cluster", help="a local broker cluster (etcd, bookies, N brokers): up, status, down",
+                              description="Several brokers sharing one etcd metadata store and the bookies, "
+                                          "as local background processes")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
 # name -> function adding that subcommand's parser
 SUBCOMMANDS: dict[str, Callable] = {
     "bookie": _add_bookie,
     "broker": _add_broker,
     "standalone": _add_standalone,
     "geo": _add_geo,
+    "cluster": _add_cluster,
 }
 
 
