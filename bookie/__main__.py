@@ -5,6 +5,11 @@ pid=<pid>`` to stdout (flushed); logs go to stderr. SIGTERM/SIGINT stop the
 server, commit what is queued, close the database and exit with status 0.
 The same options serve ``minipulsar bookie`` (see :mod:`deploy.cli`).
 
+With ``--metadata-store-url etcd://host:port[,host:port...]`` the bookie registers
+itself under ``/ledgers/available/<advertised host>:<port>`` in etcd (an ephemeral key
+kept alive while it runs, see :mod:`bookie.registration`), so that brokers without a
+static bookie list find it. Exit status 4: etcd could not be reached at start.
+
 Exit status 3: the data dir is refused (cookie check failed, see
 :mod:`bookie.cookie`, or another process holds it); the message on stderr says
 why and what to do. To re-initialize a bookie on purpose (all its ledgers are
@@ -21,6 +26,7 @@ import signal
 import sys
 
 from bookie.cookie import InvalidCookieError
+from bookie.registration import RegistrationError
 from bookie.server import BookieConfig, BookieServer
 from bookie.storage import DataDirInUse
 from proto.common import run_async
@@ -49,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-db-size-bytes", type=int, default=None,
                         help="cap of the ledger database in bytes; its share in use counts as disk usage "
                              "(default: none, the disk is the limit)")
+    parser.add_argument("--metadata-store-url", default=None, metavar="etcd://HOST:PORT[,HOST:PORT...]",
+                        help="register this bookie as available in that etcd (/ledgers/available/<host:port>); "
+                             "default: no registration")
+    parser.add_argument("--advertised-address", default=None, metavar="HOST",
+                        help="host name or IP to register (default: --host)")
     parser.add_argument("--format", action="store_true", default=False,
                         help="DELETE every ledger in the data dir and start as a new bookie instance "
                              "(new cookie), like BookKeeper's bookieformat; for a bookie whose data was lost "
@@ -71,6 +82,8 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         "disk_usage_lwm_threshold": getattr(args, "disk_usage_lwm_threshold", None),
         "disk_check_interval_s": getattr(args, "disk_check_interval_s", None),
         "max_db_size_bytes": getattr(args, "max_db_size_bytes", None),
+        "metadata_store_url": getattr(args, "metadata_store_url", None),
+        "advertised_address": getattr(args, "advertised_address", None),
     }
     if args.config:
         return BookieConfig.from_toml(args.config, **overrides)
@@ -111,11 +124,32 @@ def config_problems(config: BookieConfig) -> list[str]:
              ("disk_usage_lwm_threshold", lambda v: 0 < v <= _number(getattr(config, "disk_usage_threshold", 1)),
               "must be in (0, disk_usage_threshold]"),
              ("disk_check_interval_s", lambda v: v > 0, "must be > 0 seconds"),
-             ("max_db_size_bytes", lambda v: v is None or v >= 1, "must be >= 1 (or unset)")]
+             ("max_db_size_bytes", lambda v: v is None or v >= 1, "must be >= 1 (or unset)"),
+             ("metadata_store_url", _is_registration_url,
+              'must be "" (no registration) or "etcd://host:port[,host:port...]"'),
+             ("advertised_address", _is_host_or_empty, 'must be a host name or IP without a port ("" = host)')]
     for name, ok, rule in rules:
         if hasattr(config, name) and name not in bad and not ok(getattr(config, name)):
             problems.append(f"{name} = {getattr(config, name)!r}: {rule}")
     return problems
+
+
+def _is_host_or_empty(v: str) -> bool:
+    import re
+
+    return v == "" or bool(re.fullmatch(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+", v))
+
+
+def _is_registration_url(url: str) -> bool:
+    if url == "":
+        return True
+    from proto.metadata_url import parse_etcd_endpoints
+
+    try:
+        parse_etcd_endpoints(url)
+    except ValueError:
+        return False
+    return url.strip().startswith("etcd:")
 
 
 def _number(v) -> float:
@@ -161,6 +195,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (InvalidCookieError, DataDirInUse) as exc:
         print(f"bookie: refusing to start on data dir {config.data_dir}: {exc}", file=sys.stderr)
         return 3
+    except RegistrationError as exc:
+        print(f"bookie: {exc}", file=sys.stderr)
+        return 4
     return 0
 
 

@@ -48,6 +48,13 @@ Follows BookKeeper's client (``BookKeeper``, ``LedgerHandle``, ``PendingAddOp``,
   entry / ledger" answers count as "unavailable" (it cannot vouch for the
   absence of entries it may have lost) -- for this client's lifetime.
 
+* Bookie discovery (BookKeeper's ``BookieWatcher`` / ``RegistrationClient``): with an
+  empty static bookie list, the client chooses ensembles and spares among the bookies
+  registered under ``/ledgers/available`` (``bookie.registration``): the list is read
+  again before each new ledger's ensemble choice and before reviving quarantined
+  bookies, and kept fresh by a watch on that path when the store has ``watch`` (the
+  etcd store's watch sees other processes' registrations).
+
 The bookie client does not import the broker: the metadata store is passed in
 and only needs the ``MetadataAccess`` methods (``bookie.ledger_handle``).
 
@@ -79,9 +86,17 @@ from .ledger_handle import (LEDGER_ID_COUNTER_PATH, LedgerHandle, LedgerState,
 from .ledger_recovery import LedgerRecoveryOp
 
 __all__ = ["BookKeeper", "LedgerHandle", "BookieConnection", "LedgerRecoveryOp", "MetadataAccess", "ledger_path",
-           "GRPC_CHANNEL_OPTIONS", "DEFAULT_ADD_ENTRY_TIMEOUT_S"]
+           "GRPC_CHANNEL_OPTIONS", "DEFAULT_ADD_ENTRY_TIMEOUT_S", "AVAILABLE_BOOKIES_PATH"]
 
 log = logging.getLogger(__name__)
+
+# Where bookies register (BookKeeper's /ledgers/available/<host:port>; bookie.registration).
+AVAILABLE_BOOKIES_PATH = "/ledgers/available"
+
+
+def _is_bookie_address(name: str) -> bool:
+    host, sep, port = name.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
 class BookKeeper:
@@ -89,6 +104,9 @@ class BookKeeper:
 
     ``bookies``: addresses ``host:port`` of every bookie the client may use;
     ensembles are chosen among them, the others are spares for ensemble changes.
+    Empty (or None): the bookies registered under ``/ledgers/available`` in the metadata
+    store (read with ``metadata.get_children``, refreshed before each ensemble choice and
+    watched when the store has ``watch``); ``bookies`` then holds the last list read.
     ``max_entry_size_bytes``: client-side limit checked before an add (default 5 MiB).
     ``rpc_timeout_s``: deadline of each read / fence / LAC / delete RPC, seconds.
     ``add_entry_timeout_s``: an add a bookie leaves unanswered this long (seconds,
@@ -100,16 +118,16 @@ class BookKeeper:
     ensembles or as a spare for this long (seconds).
     """
 
-    def __init__(self, metadata: MetadataAccess, bookies: list[str], *,
+    def __init__(self, metadata: MetadataAccess, bookies: Optional[list[str]] = None, *,
                  max_entry_size_bytes: int = 5 * 1024 * 1024, rpc_timeout_s: float = 10.0,
                  failed_bookie_quarantine_s: float = 30.0,
                  add_entry_timeout_s: Optional[float] = DEFAULT_ADD_ENTRY_TIMEOUT_S):
-        if not bookies:
-            raise ValueError("BookKeeper client needs at least one bookie address")
         if add_entry_timeout_s is not None and not add_entry_timeout_s > 0:
             raise ValueError(f"add_entry_timeout_s must be > 0 seconds or None, got {add_entry_timeout_s!r}")
         self.metadata = metadata
-        self.bookies = list(bookies)
+        self.static_bookies = bool(bookies)  # False: discovered under /ledgers/available
+        self.bookies = list(bookies or [])
+        self._cancel_bookies_watch = None
         self.max_entry_size_bytes = max_entry_size_bytes
         self.rpc_timeout_s = rpc_timeout_s
         self.add_entry_timeout_s = add_entry_timeout_s
@@ -141,6 +159,39 @@ class BookKeeper:
         t = self._failed_at.get(address)
         return t is not None and time.monotonic() - t < self.quarantine_s
 
+    async def refresh_bookies(self) -> list[str]:
+        """Without a static list: read the bookies registered under ``/ledgers/available``
+        (``metadata.get_children``) into ``bookies`` and make sure a watch keeps it fresh.
+        Returns ``bookies``. A failed read keeps the last list (logged). With a static list:
+        returns it unchanged."""
+        if self.static_bookies or self._closed:
+            return self.bookies
+        try:
+            names = await self.metadata.get_children(AVAILABLE_BOOKIES_PATH)
+        except Exception as exc:  # the store is unreachable: keep choosing among the last known
+            log.warning("cannot list the available bookies under %s (%s); using the last list %s",
+                        AVAILABLE_BOOKIES_PATH, exc, self.bookies)
+            return self.bookies
+        self._set_available([n for n in names if _is_bookie_address(n)])
+        watch = getattr(self.metadata, "watch", None)
+        if self._cancel_bookies_watch is None and watch is not None:
+            try:
+                self._cancel_bookies_watch = watch(self._on_available_change, AVAILABLE_BOOKIES_PATH)
+            except Exception as exc:  # closed store: the next refresh tries again
+                log.debug("cannot watch %s: %s", AVAILABLE_BOOKIES_PATH, exc)
+        return self.bookies
+
+    async def _on_available_change(self, _notification) -> None:
+        await self.refresh_bookies()
+
+    def _set_available(self, names: list[str]) -> None:
+        names = sorted(names)
+        if names != self.bookies:
+            added = sorted(set(names) - set(self.bookies))
+            removed = sorted(set(self.bookies) - set(names))
+            log.info("available bookies: %s (added %s, removed %s)", names, added or "none", removed or "none")
+            self.bookies = names
+
     def pick_spare(self, exclude: list[str]) -> Optional[str]:
         """A random healthy bookie not in ``exclude`` (addresses), or None."""
         candidates = [b for b in self.bookies if b not in exclude and not self.is_failed(b)]
@@ -148,12 +199,18 @@ class BookKeeper:
 
     async def revive_quarantined(self, exclude=()) -> int:
         """Probe the quarantined bookies not in ``exclude`` (one ReadLastAddConfirmed each,
-        PROBE_TIMEOUT_S); those that answer leave quarantine. Returns how many did.
-        Used when too few healthy bookies are left for an ensemble or a spare, as
-        BookKeeper's placement falls back to quarantined bookies then."""
+        PROBE_TIMEOUT_S); those that answer leave quarantine. Returns how many did, plus
+        (without a static list) how many healthy bookies not in ``exclude`` registered
+        since the last read. Used when too few healthy bookies are left for an ensemble
+        or a spare, as BookKeeper's placement falls back to quarantined bookies then."""
+        discovered = 0
+        if not self.static_bookies:
+            before = set(self.bookies)
+            await self.refresh_bookies()
+            discovered = sum(1 for b in self.bookies if b not in before and b not in exclude and not self.is_failed(b))
         quarantined = [b for b in self.bookies if b not in exclude and self.is_failed(b)]
         if not quarantined:
-            return 0
+            return discovered
 
         async def alive(address: str) -> bool:
             """False when the probe got UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED; any other
@@ -173,23 +230,27 @@ class BookKeeper:
                 self._failed_at.pop(address, None)
                 revived += 1
                 log.info("bookie %s answers again: back in the ensemble choices", address)
-        return revived
+        return revived + discovered
 
     async def create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` healthy bookies; returns the writer's handle.
 
         Requires ensemble_size >= write_quorum >= ack_quorum >= 1 (ValueError otherwise);
-        raises NotEnoughBookiesError when fewer healthy bookies are known.
+        raises NotEnoughBookiesError when fewer healthy bookies are known (without a static
+        list: registered under ``/ledgers/available``, read again now).
         """
         if not (ensemble_size >= write_quorum >= ack_quorum >= 1):
             raise ValueError(f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
                              f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
+        await self.refresh_bookies()
         healthy = [b for b in self.bookies if not self.is_failed(b)]
         if len(healthy) < ensemble_size and await self.revive_quarantined():
             healthy = [b for b in self.bookies if not self.is_failed(b)]
         if len(healthy) < ensemble_size:
+            where = "" if self.static_bookies else f" registered under {AVAILABLE_BOOKIES_PATH}"
             raise NotEnoughBookiesError(
-                f"need {ensemble_size} bookies for a new ledger, {len(healthy)} healthy of {len(self.bookies)}")
+                f"need {ensemble_size} bookies for a new ledger, {len(healthy)} healthy of "
+                f"{len(self.bookies)}{where}")
         ledger_id = await self.metadata.increment_counter(LEDGER_ID_COUNTER_PATH)
         start = ledger_id % len(healthy)
         ensemble = (healthy[start:] + healthy[:start])[:ensemble_size]
@@ -255,6 +316,9 @@ class BookKeeper:
         """Close every bookie connection; adds still pending fail with ClientClosedError
         (no ensemble change is attempted for them)."""
         self._closed = True
+        if self._cancel_bookies_watch is not None:
+            self._cancel_bookies_watch()
+            self._cancel_bookies_watch = None
         for conn in list(self._connections.values()):
             await conn.close()
         self._connections.clear()

@@ -53,6 +53,11 @@ class MetadataAccess(Protocol):
         """Atomically increment the counter at ``path`` and return the new value (ledger ids)."""
         ...
 
+    async def get_children(self, path: str) -> list[str]:
+        """Sorted child names of ``path``; used only without a static bookie list, to read
+        the bookies registered under ``/ledgers/available``."""
+        ...
+
 
 class _PendingAdd:
     """One add in flight (BookKeeper's PendingAddOp): completes ``future`` or, for

@@ -61,6 +61,12 @@ class BookieConfig:
     max_db_size_bytes: cap of the ledger database in bytes (None = the disk is the
         limit); its share in use counts as disk usage. Meant for tests and small
         dedicated volumes.
+    metadata_store_url: "" (no registration: brokers list this bookie themselves) or
+        "etcd://host:port[,host:port...]": register the bookie as available under
+        ``/ledgers/available/<advertised host>:<port>`` with a lease (BookKeeper's
+        metadataServiceUri and bookie registration; see bookie.registration).
+    advertised_address: host name or IP the bookie registers (BookKeeper's
+        advertisedAddress); "" = ``host``.
     """
 
     port: int = 3181
@@ -74,6 +80,8 @@ class BookieConfig:
     disk_usage_lwm_threshold: float = 0.90
     disk_check_interval_s: float = 10.0
     max_db_size_bytes: int | None = None
+    metadata_store_url: str = ""
+    advertised_address: str = ""
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "BookieConfig":
@@ -413,9 +421,14 @@ class BookieServer:
     ``await stop(grace_s)`` stops accepting RPCs, ends the AddEntry streams once
     the adds already read are answered, lets other RPCs finish for up to
     ``grace_s`` seconds, then commits what is queued and closes the database.
-    Raises ``RuntimeError`` if the port cannot be bound and
+    With ``config.metadata_store_url`` set, ``start()`` finally registers the bookie under
+    ``/ledgers/available/<advertised_address>`` in etcd and ``stop()`` first unregisters it
+    (:mod:`bookie.registration`).
+    Raises ``RuntimeError`` if the port cannot be bound,
     :class:`bookie.cookie.InvalidCookieError` / :class:`bookie.storage.DataDirInUse`
-    if the data dir is not this bookie's (nothing is served then).
+    if the data dir is not this bookie's and
+    :class:`bookie.registration.RegistrationError` if etcd cannot be reached (nothing is
+    served then).
     """
 
     def __init__(self, config: BookieConfig, format: bool = False, create_cookie: bool = False) -> None:
@@ -428,11 +441,17 @@ class BookieServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: BookieServicer | None = None
         self._monitor: asyncio.Task | None = None
+        self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
 
     @property
     def address(self) -> str:
         """``host:port`` the server listens on (after start)."""
         return f"{self.config.host}:{self.port}"
+
+    @property
+    def advertised_address(self) -> str:
+        """``<advertised_address or host>:<port>``: what the bookie registers (after start)."""
+        return f"{self.config.advertised_address or self.config.host}:{self.port}"
 
     async def start(self) -> None:
         """Bind, open the storage (lock, cookie check), measure the disk once, serve, start the
@@ -463,9 +482,26 @@ class BookieServer:
             raise
         self._server = server
         self._monitor = asyncio.create_task(self._monitor_disk())
+        if self.config.metadata_store_url:
+            await self._register()
         log.info("bookie listening on %s (instance %s, data_dir=%s, journal_sync=%s%s)",
                  self.address, self.storage.instance_id, self.config.data_dir, self.config.journal_sync,
                  ", READ-ONLY" if self.storage.read_only else "")
+
+    async def _register(self) -> None:
+        """Register under /ledgers/available in etcd; on failure stop serving and re-raise
+        (``bookie.registration.RegistrationError``)."""
+        from bookie.registration import BookieRegistration, registration_value
+
+        registration = BookieRegistration(self.config.metadata_store_url, self.advertised_address,
+                                          value=registration_value(self.advertised_address,
+                                                                   self.storage.instance_id))
+        try:
+            await registration.start()
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
+        self.registration = registration
 
     async def _check_disk(self) -> None:
         """Measure the disk usage once and update the read-only state."""
@@ -494,8 +530,12 @@ class BookieServer:
                 log.warning("disk usage check of %s failed: %r", self.config.data_dir, exc)
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Stop the disk monitor, end the AddEntry streams after answering the adds already read,
-        give other RPCs up to ``grace_s`` seconds, then close the storage (queued adds commit)."""
+        """Unregister from etcd (when registered: brokers stop choosing this bookie), stop the
+        disk monitor, end the AddEntry streams after answering the adds already read, give
+        other RPCs up to ``grace_s`` seconds, then close the storage (queued adds commit)."""
+        if self.registration is not None:
+            registration, self.registration = self.registration, None
+            await registration.stop()
         if self._monitor is not None:
             self._monitor.cancel()
             self._monitor = None

@@ -1,0 +1,232 @@
+"""Bookie registration in etcd (BookKeeper's ``RegistrationManager.registerBookie``: the
+ephemeral znode ``/ledgers/available/<host:port>``).
+
+A bookie started with ``metadata_store_url = "etcd://host:port[,host:port...]"`` writes
+the etcd key ``b"/ledgers/available/<host:port>"`` (its advertised address) attached to
+a lease of ``ttl_s`` seconds (5 by default) that a background task keeps alive every
+``ttl_s / 3`` seconds. The key disappears when the bookie stops cleanly (the lease is
+revoked) or ``ttl_s`` after it died (the lease expires), so brokers choosing ensembles
+among ``get_children("/ledgers/available")`` (``bookie.client.BookKeeper`` without a
+static bookie list) stop choosing it. If the lease is lost anyway (etcd unreachable for
+longer than the TTL), the bookie registers again with a new lease as soon as etcd answers.
+
+The key is the metadata node path as UTF-8 bytes, exactly what the broker's
+``EtcdMetadataStore`` uses, and the parents ``/ledgers`` and ``/ledgers/available`` are
+materialized (empty value) when missing, as that store does. The value is a small JSON
+object ``{"address": "host:port", "instance_id": "..."}`` (BookKeeper's BookieServiceInfo,
+informative only).
+
+Uses ``aetcd`` directly: the ``bookie`` package does not import ``broker``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Optional
+
+import aetcd
+import grpc
+from aetcd import rpc
+
+from proto.metadata_url import parse_etcd_endpoints
+
+__all__ = ["AVAILABLE_PATH", "DEFAULT_TTL_S", "BookieRegistration", "RegistrationError", "registration_value"]
+
+log = logging.getLogger(__name__)
+
+AVAILABLE_PATH = "/ledgers/available"  # BookKeeper's available bookies (children: "host:port")
+DEFAULT_TTL_S = 5
+
+
+class RegistrationError(Exception):
+    """The bookie could not register with etcd (unreachable for ``connect_timeout_s``, or refused)."""
+
+
+def registration_value(address: str, instance_id: Optional[str] = None) -> bytes:
+    """The registration's value: JSON ``{"address": ..., "instance_id": ...}`` as UTF-8 bytes."""
+    return json.dumps({"address": address, "instance_id": instance_id}, sort_keys=True).encode()
+
+
+class BookieRegistration:
+    """Keep ``/ledgers/available/<address>`` registered in etcd while the bookie runs.
+
+    ``metadata_store_url``: ``etcd://host:port[,host:port...]`` (ValueError otherwise).
+    ``address``: the bookie's advertised ``host:port``. ``ttl_s``: lease TTL in whole
+    seconds (etcd may grant more, at least 2 s). ``connect_timeout_s``: how long
+    ``start()`` retries while etcd is unreachable before raising RegistrationError.
+    ``operation_timeout_s``: deadline of each etcd call.
+    """
+
+    def __init__(self, metadata_store_url: str, address: str, *, value: bytes = b"", ttl_s: int = DEFAULT_TTL_S,
+                 connect_timeout_s: float = 30.0, operation_timeout_s: float = 5.0) -> None:
+        self._endpoints = parse_etcd_endpoints(metadata_store_url)
+        if not address or ":" not in address or "/" in address:
+            raise ValueError(f"bookie address must be 'host:port', got {address!r}")
+        if not isinstance(ttl_s, int) or ttl_s < 1:
+            raise ValueError(f"ttl_s must be an int >= 1 second, got {ttl_s!r}")
+        self.url = metadata_store_url
+        self.address = address
+        self.value = bytes(value)
+        self.ttl_s = ttl_s
+        self.connect_timeout_s = connect_timeout_s
+        self.operation_timeout_s = operation_timeout_s
+        self.path = f"{AVAILABLE_PATH}/{address}"
+        self.lease_id: Optional[int] = None
+        self._granted_ttl = ttl_s
+        self._index = 0
+        self._client: Optional[aetcd.Client] = None
+        self._task: Optional[asyncio.Task] = None
+        self._stopped = False
+
+    @property
+    def key(self) -> bytes:
+        """The etcd key: ``b"/ledgers/available/<host:port>"``."""
+        return self.path.encode()
+
+    async def start(self) -> None:
+        """Register (retrying while etcd is unreachable, one warning per attempt) and start
+        the keep-alive task. Raises RegistrationError after ``connect_timeout_s`` seconds
+        without success."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                await self._register()
+                break
+            except (grpc.aio.AioRpcError, aetcd.ClientError) as exc:
+                problem = _describe(exc)
+                self._next_endpoint()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                await self._close_client()
+                raise RegistrationError(f"cannot register bookie {self.address} in etcd at {self.url} after "
+                                        f"{self.connect_timeout_s:g} s ({problem}): start etcd or fix "
+                                        f"metadata_store_url")
+            log.warning("bookie registration: cannot reach etcd at %s (%s); retrying", self.url, problem)
+            await asyncio.sleep(min(0.5, remaining))
+        log.info("bookie %s registered in etcd at %s under %s (lease %x, TTL %d s)", self.address,
+                 self._endpoint_text(), self.path, self.lease_id, self._granted_ttl)
+        self._task = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def stop(self) -> None:
+        """Stop keeping the lease alive and revoke it: the key disappears at once (best
+        effort: if etcd is unreachable it expires after the TTL). Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.lease_id is not None and self._client is not None:
+            try:
+                await self._client.leasestub.LeaseRevoke(rpc.LeaseRevokeRequest(ID=self.lease_id),
+                                                        timeout=min(2.0, self.operation_timeout_s))
+                log.info("bookie %s unregistered from etcd", self.address)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("bookie registration: could not revoke lease %x (%s); the key expires in %d s",
+                            self.lease_id, _describe(exc), self._granted_ttl)
+        self.lease_id = None
+        await self._close_client()
+
+    # -------------------------------------------------------------- internals
+
+    async def _connected(self) -> aetcd.Client:
+        if self._client is None:
+            host, port = self._endpoints[self._index]
+            self._client = aetcd.Client(host=host, port=port, options={
+                "grpc.initial_reconnect_backoff_ms": 100, "grpc.min_reconnect_backoff_ms": 100,
+                "grpc.max_reconnect_backoff_ms": 1000})
+        await self._client.connect()
+        return self._client
+
+    def _endpoint_text(self) -> str:
+        host, port = self._endpoints[self._index]
+        return f"{host}:{port}"
+
+    def _next_endpoint(self) -> None:
+        """With several endpoints, use the next one from the next call on."""
+        if len(self._endpoints) > 1 and self._client is not None:
+            old, self._client = self._client, None
+            self._index = (self._index + 1) % len(self._endpoints)
+            asyncio.get_running_loop().create_task(old.close())
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                await client.close()
+            except Exception:
+                log.debug("closing the etcd client failed", exc_info=True)
+
+    async def _register(self) -> None:
+        """Grant a new lease and put the key with it (parents materialized when missing)."""
+        client = await self._connected()
+        timeout = self.operation_timeout_s
+        grant = await client.leasestub.LeaseGrant(rpc.LeaseGrantRequest(TTL=self.ttl_s), timeout=timeout)
+        ops = []
+        parts = self.path.split("/")[1:-1]
+        for i in range(len(parts)):
+            parent = ("/" + "/".join(parts[:i + 1])).encode()
+            ops.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
+                compare=[rpc.Compare(key=parent, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                     create_revision=0)],
+                success=[rpc.RequestOp(request_put=rpc.PutRequest(key=parent, value=b""))])))
+        ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=self.key, value=self.value, lease=grant.ID)))
+        await client.kvstub.Txn(rpc.TxnRequest(success=ops), timeout=timeout)
+        old, self.lease_id, self._granted_ttl = self.lease_id, grant.ID, grant.TTL
+        if old is not None and old != grant.ID:  # a lease we lost track of: let it go
+            try:
+                await client.leasestub.LeaseRevoke(rpc.LeaseRevokeRequest(ID=old), timeout=timeout)
+            except grpc.aio.AioRpcError:
+                pass
+
+    async def _keep_alive(self) -> None:
+        """Refresh the lease every TTL/3 s; register again when etcd says the lease is gone."""
+        failing = False
+        while not self._stopped:
+            interval = max(0.3, min(self.ttl_s, self._granted_ttl) / 3.0)
+            started = time.monotonic()
+            try:
+                client = await self._connected()
+                ttl = await _keep_alive_once(client, self.lease_id, timeout=max(0.5, min(interval, 5.0)))
+                if ttl <= 0:
+                    log.warning("bookie registration: lease %x of %s expired; registering again",
+                                self.lease_id, self.address)
+                    await self._register()
+                    log.info("bookie %s registered again (lease %x)", self.address, self.lease_id)
+                if failing:
+                    log.info("bookie registration: etcd at %s answers again", self._endpoint_text())
+                failing = False
+            except asyncio.CancelledError:
+                raise
+            except (grpc.aio.AioRpcError, aetcd.ClientError) as exc:
+                if not failing:
+                    log.warning("bookie registration: keep-alive to etcd at %s failed (%s); retrying",
+                                self._endpoint_text(), _describe(exc))
+                failing = True
+                self._next_endpoint()
+            except Exception:
+                log.exception("bookie registration: keep-alive step failed")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+async def _keep_alive_once(client: aetcd.Client, lease_id: int, timeout: float) -> int:
+    """One LeaseKeepAlive round trip; the remaining TTL in seconds (<= 0: the lease is gone)."""
+    call = client.leasestub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout)
+    try:
+        async for reply in call:
+            return reply.TTL
+        return 0
+    finally:
+        call.cancel()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        details = (exc.details() or "").split("\n")[0]
+        return f"{exc.code().name}: {details}" if details else exc.code().name
+    return f"{type(exc).__name__}: {exc}"
