@@ -10,7 +10,7 @@ import grpc
 
 from bookie.client import BookKeeper
 from broker.config import BrokerConfig
-from broker.metadata import SqliteMetadataStore
+from broker.metadata import open_metadata_store
 from proto import broker_pb2_grpc
 from proto.common import grpc_message_size_options
 from proto.frame_errors import InvalidFrameInterceptor
@@ -44,8 +44,9 @@ class BrokerServer:
     """Start/stop a broker. After ``start()``: ``port`` (gRPC), ``http_port``, ``service``."""
 
     def __init__(self, config: BrokerConfig):
-        if not config.bookies:
-            raise ValueError("the broker needs bookies: set bookies = ['host:port', ...] or --bookies")
+        if not config.bookies and not config.metadata_store_url.startswith("etcd://"):
+            raise ValueError("the broker needs bookies: set bookies = ['host:port', ...] or --bookies "
+                             "(or a shared metadata_store_url where bookies register)")
         self.config = config
         self.port: Optional[int] = None
         self.http_port: Optional[int] = None
@@ -68,7 +69,9 @@ class BrokerServer:
         the port cannot be bound; after a failure ``stop()`` releases what was started."""
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
-        self.metadata = await SqliteMetadataStore.open(os.path.join(c.data_dir, "metadata.db"))
+        self.metadata = await open_metadata_store(c.metadata_store_url,
+                                                  default_sqlite_path=os.path.join(c.data_dir, "metadata.db"),
+                                                  session_timeout_ms=c.metadata_store_session_timeout_millis)
         self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024,
                              add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds)
         self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[InvalidFrameInterceptor()])
@@ -78,9 +81,17 @@ class BrokerServer:
         self.service = service_class()(c, self.metadata, self.bk)
         self.service.service_url = self.service_url
         await self._register_own_cluster()
+        if self.metadata.shared:
+            await self._ensure_default_namespace()
         await self.service.start()
         broker_pb2_grpc.add_PulsarBrokerServicer_to_server(PulsarBrokerServicer(self.service), self._server)
         await self._server.start()
+        if self.metadata.shared:
+            # a broker of a cluster: bundle ownership, lookup and the load manager
+            from broker.ownership.namespace_service import NamespaceService
+            ns = NamespaceService(self.service, self.metadata, c, self.service_url)
+            self.service.namespace_service = ns
+            await ns.start()
         self._http, self.http_port = start_metrics_server(self.service, c.bind_address, c.web_service_port)
         log.info("broker of cluster %s serving %s (metrics on :%s)", c.cluster_name, self.service_url, self.http_port)
 
@@ -90,8 +101,33 @@ class BrokerServer:
             await res.create_cluster(self.config.cluster_name, self.service_url)
         except AlreadyExists:
             current = await res.get_cluster(self.config.cluster_name)
-            if current.get("service_url") != self.service_url:
+            url = current.get("service_url") or ""
+            if self.metadata.shared:
+                # one URL for the whole broker cluster: every broker's host in a multi-host URL
+                hosts = [h for h in url.split("://", 1)[-1].split(",") if h] if url else []
+                mine = self.service_url.split("://", 1)[1]
+                if mine not in hosts:
+                    await res.update_cluster(self.config.cluster_name,
+                                             "minipulsar://" + ",".join(hosts + [mine]))
+            elif url != self.service_url:
                 await res.update_cluster(self.config.cluster_name, self.service_url)
+
+    async def _ensure_default_namespace(self) -> None:
+        """A broker cluster's first broker creates tenant ``public`` and namespace
+        ``public/default`` (what Pulsar's ``initialize-cluster-metadata`` and the
+        standalone do); idempotent, safe when brokers start together."""
+        from broker.service.resources import Policies
+
+        res = self.service.resources
+        cluster = self.config.cluster_name
+        try:
+            await res.create_tenant("public", [cluster])
+        except AlreadyExists:
+            pass
+        try:
+            await res.create_namespace("public/default", Policies(replication_clusters=[cluster]))
+        except AlreadyExists:
+            pass
 
     async def stop(self) -> None:
         """Stop gRPC (1 s grace for running calls), then close the service, the bookie client,

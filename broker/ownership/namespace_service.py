@@ -41,6 +41,9 @@ OWNERSHIP_ROOT = "/namespace"
 BROKERS_ROOT = "/loadbalance/brokers"
 LEADER_PATH = "/loadbalance/leader"
 LOCAL_POLICIES_ROOT = "/admin/local-policies"
+# an owner read from the store is trusted this long (s) unless a watch reports a change of its
+# node first; bounds a stale answer if a watch event was ever missed (etcd restarted)
+OWNER_CACHE_TTL_S = 10.0
 
 
 def _address(service_url: str) -> str:
@@ -65,6 +68,7 @@ class NamespaceService:
         self.unloading: set[str] = set()
         self.is_leader = False
         self._bundles: dict[str, NamespaceBundles] = {}
+        self._owners: dict[str, tuple] = {}       # ownership path -> (owner URL, monotonic s when read)
         self._pending: dict[str, int] = {}        # leader: bundles assigned per broker since its last report
         self._tasks: list[asyncio.Task] = []
         self._unwatch = []
@@ -135,15 +139,25 @@ class NamespaceService:
     def ownership_path(bundle: Bundle) -> str:
         return f"{OWNERSHIP_ROOT}/{bundle.namespace}/{bundle.range}"
 
-    async def owner_of(self, bundle: Bundle) -> Optional[str]:
-        """The service URL of the bundle's owner, or None when nobody owns it."""
-        got = await self.store.get(self.ownership_path(bundle))
-        if got is None:
-            return None
-        try:
-            return json.loads(got.value)["nativeUrl"]
-        except (ValueError, KeyError, TypeError):
-            return None
+    async def owner_of(self, bundle: Bundle, cached: bool = True) -> Optional[str]:
+        """The service URL of the bundle's owner, or None when nobody owns it. Answers
+        from the ownership cache (Pulsar's ``OwnershipCache``) unless ``cached`` is False;
+        the cache forgets a bundle when the metadata store reports a change of its node
+        (etcd watches see every broker's changes)."""
+        path = self.ownership_path(bundle)
+        hit = self._owners.get(path) if cached else None
+        if hit is not None and time.monotonic() - hit[1] < OWNER_CACHE_TTL_S:
+            return hit[0]
+        got = await self.store.get(path)
+        owner = None
+        if got is not None:
+            try:
+                owner = json.loads(got.value)["nativeUrl"]
+            except (ValueError, KeyError, TypeError):
+                owner = None
+        if owner is not None:
+            self._owners[path] = (owner, time.monotonic())
+        return owner
 
     async def is_served_here(self, topic: TopicName) -> tuple[bool, Optional[Bundle]]:
         """``(True, bundle)`` when this broker owns the topic's bundle and is not unloading it."""
@@ -151,11 +165,19 @@ class NamespaceService:
         key = str(bundle)
         return key in self.owned and key not in self.unloading, bundle
 
-    async def check_serving(self, topic: TopicName) -> None:
-        """Raise ``ServiceNotReady`` ("look it up again") unless this broker serves ``topic``."""
+    async def check_serving(self, topic: TopicName, verify: bool = False) -> None:
+        """Raise ``ServiceNotReady`` ("look it up again") unless this broker serves ``topic``.
+        ``verify``: also read the ownership node (before a topic is loaded): a broker that
+        was paused past its session timeout still believes it owns the bundle until it
+        hears of the lost session, and must not open (and so fence) the managed ledger
+        of the broker that took over."""
         from proto.errors import ServiceNotReady
 
         served, bundle = await self.is_served_here(topic)
+        if served and verify and await self.owner_of(bundle, cached=False) != self.service_url:
+            log.warning("bundle %s is no longer ours in the metadata store: dropping it", bundle)
+            await self._drop_bundle(str(bundle))
+            served = False
         if not served:
             state = "being unloaded" if str(bundle) in self.unloading else "not owned by this broker"
             raise ServiceNotReady(f"topic {topic} is not served by this broker ({self.service_url}): its bundle "
@@ -185,8 +207,8 @@ class NamespaceService:
             candidate = await self._select_broker()
             if candidate is None:
                 raise ServiceNotReady(f"no live broker to serve {tn}; retry")
+            self._pending[candidate] = self._pending.get(candidate, 0) + 1
             if candidate != self.service_url:
-                self._pending[candidate] = self._pending.get(candidate, 0) + 1
                 return LookupAnswer(broker_service_url=candidate, redirect=True, authoritative=True)
         return LookupAnswer(broker_service_url=await self.acquire(bundle))
 
@@ -459,6 +481,7 @@ class NamespaceService:
             namespace = n.path[len(LOCAL_POLICIES_ROOT) + 1:]
             self._bundles.pop(namespace, None)
             return
+        self._owners.pop(n.path, None)
         if n.path == LEADER_PATH:
             if n.type == "deleted" and not self._closed:
                 self.is_leader = False
@@ -492,6 +515,7 @@ class NamespaceService:
             log.warning("metadata store session lost: no longer serving %d bundle(s); closing their topics",
                         len(owned))
             self.owned.clear()
+            self._owners.clear()
             self.is_leader = False
             for name in list(self.service.topics):
                 try:

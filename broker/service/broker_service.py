@@ -118,7 +118,7 @@ class BrokerService:
         tn = topic if isinstance(topic, TopicName) else TopicName.get(topic)
         key = str(tn)
         if self.namespace_service is not None:
-            await self.namespace_service.check_serving(tn)
+            await self.namespace_service.check_serving(tn, verify=key not in self.topics)
         loaded = self.topics.get(key)
         if loaded is not None and not loaded.closed:
             return loaded
