@@ -71,6 +71,7 @@ class NamespaceService:
         self._owners: dict[str, tuple] = {}       # ownership path -> (owner URL, monotonic s when read)
         self._pending: dict[str, int] = {}        # leader: bundles assigned per broker since its last report
         self._tasks: list[asyncio.Task] = []
+        self._hook_tasks: set[asyncio.Task] = set()
         self._unwatch = []
         self._closed = False
         self._cpu_last = (time.monotonic(), time.process_time())
@@ -281,6 +282,11 @@ class NamespaceService:
             return owner
         self.owned[key] = bundle
         log.info("now owns bundle %s", bundle)
+        hook = getattr(self.service, "on_bundle_owned", None)
+        if hook is not None:
+            task = asyncio.get_running_loop().create_task(hook(bundle))
+            self._hook_tasks.add(task)
+            task.add_done_callback(self._hook_tasks.discard)
         return self.service_url
 
     async def _take_stale(self, bundle: Bundle) -> str:

@@ -223,6 +223,34 @@ class GeoBrokerService(BrokerService):
                 if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
                     log.warning("[%s] creating the partitioned topic on %s failed: %s", parent, url, exc.details())
 
+    async def _load_if_served(self, topic: str) -> None:
+        """Load ``topic`` for replication; in a broker cluster only on its owner (a lookup
+        assigns its bundle when nobody owns it)."""
+        ns = self.namespace_service
+        if ns is not None:
+            from proto.topic_name import TopicName
+            served, _ = await ns.is_served_here(TopicName.get(topic))
+            if not served and await ns.find_owner(topic) != self.service_url:
+                return
+        await self.get_topic(topic, create=False)
+
+    async def on_bundle_owned(self, bundle) -> None:
+        """A bundle was taken (broker cluster): load its topics of replicated namespaces so
+        that their replicators run here now (they ran on the previous owner)."""
+        try:
+            policies = await self.resources.get_policies(bundle.namespace)
+        except Exception:  # noqa: BLE001 - namespace gone
+            return
+        if not [c for c in policies.replication_clusters if c != self.config.cluster_name]:
+            return
+        for name in await self.metadata.get_children(f"/managed-ledgers/{bundle.namespace}/persistent"):
+            topic = f"persistent://{bundle.namespace}/{name}"
+            if bundle.contains(topic):
+                try:
+                    await self.get_topic(topic, create=False)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("loading %s for replication after taking its bundle: %s", topic, exc)
+
     async def _load_replicated_topics(self) -> None:
         """Load every topic of namespaces replicated to other clusters."""
         try:
@@ -233,7 +261,7 @@ class GeoBrokerService(BrokerService):
                         continue
                     for name in await self.metadata.get_children(f"/managed-ledgers/{ns}/persistent"):
                         try:
-                            await self.get_topic(f"persistent://{ns}/{name}", create=False)
+                            await self._load_if_served(f"persistent://{ns}/{name}")
                         except Exception as exc:
                             log.warning("loading %s/%s for replication failed: %s", ns, name, exc)
         except Exception as exc:

@@ -43,6 +43,7 @@ import grpc
 
 from broker.ledger.position import Entry, Position
 from broker.replication.markers import is_marker
+from broker.replication.remote_lookup import lookup_remote_owner
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
 from proto.common import REPLICATOR_CURSOR_PREFIX, grpc_message_size_options, source_sequence_id
@@ -135,7 +136,8 @@ class Replicator:
         self.msg_expired_counter = 0
         self._task: Optional[asyncio.Task] = None
         self._closed = False
-        self._channel = None
+        self._channel = None                # the channel of the current session's remote broker
+        self._channels: dict[str, grpc.aio.Channel] = {}   # host:port -> channel
         self._last_rate_time = time.monotonic()
         self._last_rate_counters = (0, 0)
         self._rates = (0.0, 0.0)
@@ -165,8 +167,9 @@ class Replicator:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
         if delete_cursor and not self.topic.ml.is_closed:
             await self.topic.ml.delete_cursor(self.cursor_name)
         self.connected = False
@@ -205,9 +208,18 @@ class Replicator:
         except (asyncio.TimeoutError, grpc.aio.AioRpcError):
             pass
 
+    def _open_channel(self, host: str):
+        """The pooled channel to one remote broker ``host:port``."""
+        channel = self._channels.get(host)
+        if channel is None:
+            channel = self._channels[host] = grpc.aio.insecure_channel(host, options=GRPC_OPTIONS)
+        return channel
+
     async def _replicate_session(self) -> None:
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(target(self.remote_url), options=GRPC_OPTIONS)
+        # the remote cluster may be several brokers: look the topic up (any live host answers),
+        # then produce to its owner; a session that fails looks it up again
+        owner = await lookup_remote_owner(self.remote_url, str(self.topic.name), self._open_channel)
+        self._channel = self._open_channel(owner)
         stub = broker_pb2_grpc.PulsarBrokerStub(self._channel)
         call = stub.Produce()
         await call.write(pb.ProducerRequest(create=pb.CreateProducer(
