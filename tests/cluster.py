@@ -41,12 +41,14 @@ class BrokerCluster:
     ``bookies`` (BookieProcess list), ``brokers`` (BrokerProcess list, None for a killed one)."""
 
     def __init__(self, root, tracker: ProcessTracker, brokers: int = 2, bookies: int = 2,
-                 cluster_name: str = "standalone", config: dict | None = None):
+                 cluster_name: str = "standalone", config: dict | None = None, static_bookies: bool = True):
         self.root = Path(root)
         self.tracker = tracker
         self.n_brokers = brokers
         self.n_bookies = bookies
         self.cluster_name = cluster_name
+        # False: brokers get no bookie list and choose among the bookies registered in etcd
+        self.static_bookies = static_bookies
         self.config = {**FAST_CONFIG, "cluster_name": cluster_name, **(config or {})}
         self.etcd = None
         self.bookies = []
@@ -74,7 +76,8 @@ class BrokerCluster:
 
     def start_broker(self, index: int, port: int = 0) -> BrokerProcess:
         """Start broker ``index`` (data dir ``broker-<index>``) on ``port`` (0 = free)."""
-        proc = BrokerProcess(self.root / f"broker-{index}", [b.address for b in self.bookies], self.config_file,
+        bookies = [b.address for b in self.bookies] if self.static_bookies else []
+        proc = BrokerProcess(self.root / f"broker-{index}", bookies, self.config_file,
                              ("--metadata-store-url", self.etcd.url), self.tracker, port=port)
         return proc.start()
 

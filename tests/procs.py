@@ -265,7 +265,7 @@ class BrokerProcess(ServerProcess):
         self.http_port: int | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "broker", "--bookies", ",".join(self.bookies),
+        cmd = [sys.executable, "-m", "broker", *(["--bookies", ",".join(self.bookies)] if self.bookies else []),
                "--data-dir", str(self.data_dir), "--port", str(self.requested_port), "--http-port", "0"]
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
