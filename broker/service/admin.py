@@ -401,7 +401,9 @@ async def _topics_stats(s: BrokerService, b: dict):
                "msgRateIn": sum(p["msgRateIn"] for p in parts.values()),
                "storageSize": sum(p["storageSize"] for p in parts.values())}
         return agg
-    return (await _existing(s, tn)).stats()
+    stats = (await _existing(s, tn)).stats()
+    stats["ownerBroker"] = s.service_url  # the broker serving the topic (Pulsar's topic stats ownerBroker)
+    return stats
 
 
 @verb("topics.internal_stats", topic=TOPIC)
