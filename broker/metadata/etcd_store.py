@@ -84,6 +84,10 @@ _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
+    # notice a dead connection under an idle watch stream (etcd refuses pings more often than 5 s)
+    "grpc.keepalive_time_ms": 10000,
+    "grpc.keepalive_timeout_ms": 5000,
+    "grpc.http2.max_pings_without_data": 0,
     "grpc.max_receive_message_length": 64 * 1024 * 1024,
     "grpc.max_send_message_length": 64 * 1024 * 1024,
 }
@@ -172,6 +176,7 @@ class EtcdMetadataStore(MetadataStore):
         self._closed = False
         self._revision = 0  # highest etcd revision seen in any answer
         self._lease_id: Optional[int] = None
+        self._stale_leases: list[int] = []  # leases of lost sessions, revoked once etcd answers
         self._lease_ttl = self._ttl  # as granted by etcd
         self._last_keepalive = time.monotonic()
         self._connection_lost = False
@@ -541,6 +546,10 @@ class EtcdMetadataStore(MetadataStore):
             self._lease_id, self._lease_ttl = grant.ID, grant.TTL
             self._last_keepalive = time.monotonic()
             self._connection_lost = self._session_lost = False
+            # The lost session's nodes go before listeners re-create what they still want.
+            stale, self._stale_leases = self._stale_leases, []
+            for lease_id in stale:
+                await self._revoke_quietly(lease_id)
             self._emit(SessionEvent.SESSION_REESTABLISHED)
             return
         lease_id = self._lease_id
@@ -566,24 +575,18 @@ class EtcdMetadataStore(MetadataStore):
         old = self._lease_id
         self._lease_id = None
         self._session_lost = True
+        self._stale_leases.append(old)
         log.warning("metadata store: session lease %x lost: %s", old, why)
         self._emit(SessionEvent.SESSION_LOST)
-        # Its ephemeral nodes must go now (listeners were told they are gone): revoke it
-        # once etcd answers (it expires by itself otherwise).
-        self._spawn(self._revoke_quietly(old))
 
-    async def _revoke_quietly(self, lease_id: int, attempts: int = 20) -> None:
-        for _ in range(attempts):
-            if self._closed:
-                return
-            try:
-                await self._call("lease revoke", lambda c, t: c.leasestub.LeaseRevoke(
-                    rpc.LeaseRevokeRequest(ID=lease_id), timeout=t), min(2.0, self._op_timeout_s))
-                return
-            except MetadataStoreUnavailable:
-                await asyncio.sleep(0.5)
-            except MetadataStoreError:  # lease not found: expired already
-                return
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        """Revoke a lost session's lease (its ephemeral nodes go at once; listeners were told
+        they are gone). One attempt: otherwise it expires by itself within its TTL."""
+        try:
+            await self._call("lease revoke", lambda c, t: c.leasestub.LeaseRevoke(
+                rpc.LeaseRevokeRequest(ID=lease_id), timeout=t), min(2.0, self._op_timeout_s))
+        except MetadataStoreError:  # lease not found (expired already), or etcd gone again
+            pass
 
     # ------------------------------------------------------------------ close
 
@@ -661,7 +664,7 @@ class EtcdMetadataStore(MetadataStore):
                 raise MetadataStoreError("metadata store is closed") from None
             if exc.code() in _UNREACHABLE:
                 self._unreachable(client)
-                cause = (f"no answer within {timeout:g} s" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                cause = (f"no answer within {timeout:.3g} s" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                          else _describe(exc))
                 raise MetadataStoreUnavailable(f"etcd at {endpoint} unreachable for {what} ({cause}); "
                                                f"is etcd running?") from None

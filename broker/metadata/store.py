@@ -122,9 +122,11 @@ class MetadataStore(abc.ABC):
 
     @abc.abstractmethod
     def watch(self, callback: WatchCallback, prefix: str = "/") -> Callable[[], None]:
-        """Call ``callback(Notification)`` for each change under ``prefix`` made through
-        this store; returns a function that cancels the watch. Coroutine callbacks are
-        scheduled as tasks."""
+        """Call ``callback(Notification)`` for each change under ``prefix``; returns a
+        function that cancels the watch. Coroutine callbacks are scheduled as tasks.
+        The embedded SQLite store sees the changes made through this store object
+        (synchronously, before the write returns); the etcd store sees the changes made by
+        every etcd client, other processes included (asynchronously)."""
 
     @abc.abstractmethod
     async def put_ephemeral(self, path: str, value: bytes, expected_version: Optional[int] = -1) -> int:
