@@ -42,14 +42,44 @@ def test_service_url_ok(url, host, port):
     ("pulsar://localhost:6650", "binary protocol"), ("http://h:80", "unsupported scheme"),
     ("localhost:6600", "missing scheme"), ("", "expected"), (None, "expected"),
     ("minipulsar://", "host"), ("minipulsar://h:", "empty port"), ("minipulsar://h:abc", "not a number"),
-    ("minipulsar://h:0", "outside"), ("minipulsar://h:70000", "outside"), ("minipulsar://a:1,b:2", "several"),
+    ("minipulsar://h:0", "outside"), ("minipulsar://h:70000", "outside"),
     ("minipulsar://h:1/path", "no path"), ("minipulsar://u@h:1", "credentials"), ("minipulsar://[::1", "unclosed"),
     ("minipulsar://h h:1", "bad or missing host"),
+    # multi-host URLs: each host checked as a single one, and the list itself
+    ("minipulsar://a:1,,b:2", "empty host"), ("minipulsar://a:1,", "empty host"), ("minipulsar://,a:1", "empty host"),
+    ("minipulsar://a:1,minipulsar://b:2", "one scheme per URL"), ("minipulsar://a:1,a:1", "listed twice"),
+    ("minipulsar://a:1,b:0", "outside"), ("minipulsar://a:1,b:x", "not a number"), ("minipulsar://a:1,b:", "empty port"),
+    ("minipulsar://a:1,b b:2", "bad or missing host"), ("minipulsar://a:1,[::1:2", "unclosed"),
+    ("minipulsar://a:1,b:2/path", "no path"),
 ])
 def test_service_url_errors_are_clear(url, hint):
     with pytest.raises(InvalidConfiguration) as e:
         parse_service_url(url)
     assert hint in str(e.value)
+
+
+@pytest.mark.parametrize("url,addresses,normal", [
+    ("minipulsar://a:1,b:2", [("a", 1), ("b", 2)], "minipulsar://a:1,b:2"),
+    ("minipulsar://a,b", [("a", DEFAULT_PORT), ("b", DEFAULT_PORT)], f"minipulsar://a:{DEFAULT_PORT},b:{DEFAULT_PORT}"),
+    (" minipulsar://h1:6600, h2:6601/ ", [("h1", 6600), ("h2", 6601)], "minipulsar://h1:6600,h2:6601"),
+    ("minipulsar://[::1]:5,10.0.0.1:6,h", [("[::1]", 5), ("10.0.0.1", 6), ("h", DEFAULT_PORT)],
+     f"minipulsar://[::1]:5,10.0.0.1:6,h:{DEFAULT_PORT}"),
+])
+def test_multi_host_service_url(url, addresses, normal):
+    """Pulsar's pulsar://h1:6650,h2:6650: every host, the first one as host/port/target (what
+    single-host callers use), str() normalised and round-tripping."""
+    u = parse_service_url(url)
+    assert list(u.addresses) == addresses and u.is_multi_host
+    assert (u.host, u.port) == addresses[0] and u.target == f"{addresses[0][0]}:{addresses[0][1]}"
+    assert u.targets == [f"{h}:{p}" for h, p in addresses]
+    assert str(u) == normal and parse_service_url(str(u)) == u
+    assert [str(h) for h in u.hosts()] == [f"minipulsar://{t}" for t in u.targets]
+
+
+def test_single_host_service_url_keeps_its_shape():
+    u = parse_service_url("minipulsar://h:7")
+    assert u.addresses == (("h", 7),) and not u.is_multi_host and u.targets == ["h:7"]
+    assert u == type(u)("h", 7) and str(u) == "minipulsar://h:7"
 
 
 # ---------------------------------------------------------------- Backoff
