@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from client.connection import create_channel, map_rpc_error, parse_service_url
+from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host, connection_failure_reason
 from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration
 from client.loop_thread import LoopThread
 from client.message_id import MessageId
@@ -27,7 +28,10 @@ __all__ = ["AdminClient", "SyncAdminClient"]
 
 
 class AdminClient:
-    """Asyncio admin client of one broker (``minipulsar://host:port``).
+    """Asyncio admin client of one cluster's broker (``minipulsar://host:port``),
+    or of any live host of a multi-host URL (``minipulsar://h1:p1,h2:p2``:
+    a host that refuses connections is skipped for the next one, as Pulsar's
+    admin client with several hosts).
 
     Every call takes ``operation_timeout_seconds`` at most and returns the
     broker's decoded JSON answer (dict/list).  Raises the broker's error class
@@ -46,6 +50,8 @@ class AdminClient:
         self.connect_timeout_seconds = float(connect_timeout_seconds)
         self._channel: grpc.aio.Channel | None = None
         self._stub: PulsarBrokerStub | None = None
+        self._pool: ConnectionPool | None = None  # multi-host URL: one channel per host
+        self._resolver = ServiceNameResolver(self.service_url)
         self._connected = False
         self._closed = False
 
@@ -61,11 +67,14 @@ class AdminClient:
         that restarts."""
         if self._closed:
             raise AlreadyClosed("the admin client is closed")
+        request = pb.AdminRequest(method=method,
+                                  body_json=json.dumps({k: v for k, v in body.items() if v is not None}))
+        if self.service_url.is_multi_host:
+            resp = await self._call_any_host(method, request)
+            return json.loads(resp.body_json) if resp.body_json else None
         if self._channel is None:
             self._channel = create_channel(self.service_url)
             self._stub = PulsarBrokerStub(self._channel)
-        request = pb.AdminRequest(method=method,
-                                  body_json=json.dumps({k: v for k, v in body.items() if v is not None}))
         try:
             if self._connected:
                 resp = await self._stub.Admin(request, timeout=self.operation_timeout_seconds, wait_for_ready=True)
@@ -100,12 +109,30 @@ class AdminClient:
         self._connected = True
         return resp
 
+    async def _call_any_host(self, method: str, request: pb.AdminRequest) -> pb.AdminResponse:
+        """A multi-host URL's call: its hosts in turn (``call_any_host``), each given
+        ``connect_timeout_seconds`` to accept a connection.  Before the first
+        answer, hosts are retried for ``connect_timeout_seconds`` (then
+        ``ConnectError`` naming every host, ``unreachable`` set); afterwards for
+        the whole operation timeout (a cluster whose brokers restart)."""
+        if self._pool is None:
+            self._pool = ConnectionPool()
+        retry_for = self.operation_timeout_seconds if self._connected else self.connect_timeout_seconds
+        resp, _ = await call_any_host(self._pool, self._resolver, "Admin", request,
+                                      timeout=self.operation_timeout_seconds, what=f"admin {method}",
+                                      connect_timeout=self.connect_timeout_seconds, retry_for=retry_for)
+        self._connected = True
+        return resp
+
     async def close(self) -> None:
-        """Close the channel.  Idempotent."""
+        """Close the channel(s).  Idempotent."""
         self._closed = True
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     async def __aenter__(self) -> "AdminClient":
         return self
@@ -279,19 +306,12 @@ class AdminClient:
 
 def _reason(exc: grpc.aio.AioRpcError) -> str:
     """Why the connection failed, short: 'connection refused', 'name not resolved', ..."""
-    details = (exc.details() or "").lower()
-    for needle, reason in (("refused", "connection refused"), ("lookup", "host name not resolved"),
-                           ("resolv", "host name not resolved"), ("dns", "host name not resolved"),
-                           ("timeout", "connection timed out"), ("timed out", "connection timed out"),
-                           ("unreachable", "network unreachable")):
-        if needle in details:
-            return reason
-    return (exc.details() or "unavailable").splitlines()[0][:120]
+    return connection_failure_reason(exc)
 
 
 class SyncAdminClient:
-    """Blocking wrapper of ``AdminClient`` (same methods, not awaitable), with
-    its own event loop thread.  Use as a context manager or call ``close()``."""
+    """Blocking wrapper of ``AdminClient`` (same methods, not awaitable; a
+    multi-host service URL as there), with its own event loop thread.  Use as a context manager or call ``close()``."""
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connect_timeout_seconds: float = 2):

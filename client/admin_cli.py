@@ -49,6 +49,9 @@ same change to several clusters, e.g. in a geo-replicated setup:
   minipulsar-admin --service-url minipulsar://a:6600,minipulsar://b:6600 \\
       namespaces set-clusters acme/orders --clusters a,b
 
+Several brokers of ONE cluster are listed after one scheme (any live one
+answers): --service-url minipulsar://a1:6600,a2:6600.
+
 --service-url defaults to ${SERVICE_URL_ENV} or {DEFAULT_SERVICE_URL}.
 Errors print "error: <message>" and exit with status 1.
 """
@@ -62,10 +65,19 @@ def split_list(text: str) -> list[str]:
 
 def service_urls(values: list[str] | None) -> list[str]:
     """The service URLs of ``--service-url`` values (repeatable, comma-separated),
-    de-duplicated in order; the default when none was given."""
+    de-duplicated in order; the default when none was given.  An item without
+    a scheme continues the URL before it as one more host of the same cluster:
+    ``minipulsar://a:1,b:2,minipulsar://c:3`` is two clusters, the first one
+    with hosts a:1 and b:2 (``minipulsar://a:1,b:2``)."""
     urls: list[str] = []
     for value in values or [default_service_url()]:
-        for url in split_list(value):
+        grouped: list[str] = []
+        for item in split_list(value):
+            if "://" not in item and grouped:
+                grouped[-1] += "," + item      # one more host of the cluster before it
+            else:
+                grouped.append(item)
+        for url in grouped:
             if url not in urls:
                 urls.append(url)
     if not urls:

@@ -4,8 +4,9 @@ gRPC errors to ``client.errors``.
 
 Follows Pulsar's ``PulsarServiceNameResolver`` (URL checks), ``Backoff``
 (exponential with jitter) and ``ConnectionHandler`` (reconnect policy); the
-transport is one ``grpc.aio`` channel per client (HTTP/2 multiplexes every
-producer and consumer stream over it, like Pulsar's pooled ClientCnx).
+transport is one ``grpc.aio`` channel per broker, pooled per client
+(``client.connection_pool``; HTTP/2 multiplexes every producer and consumer
+stream over it, like Pulsar's pooled ClientCnx).
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_m
 
 def create_channel(service_url: str | ServiceUrl, keepalive_interval_seconds: float = 30,
                    connection_timeout_ms: int = 10000) -> grpc.aio.Channel:
-    """One insecure ``grpc.aio`` channel to the broker (call from the event loop
-    that will use it).  Raises ``InvalidConfiguration`` for a bad URL."""
+    """One insecure ``grpc.aio`` channel to the broker (the first host of a
+    multi-host URL; ``client.connection_pool`` handles several); call from the
+    event loop that will use it.  Raises ``InvalidConfiguration`` for a bad URL."""
     url = service_url if isinstance(service_url, ServiceUrl) else parse_service_url(service_url)
     return grpc.aio.insecure_channel(url.target, options=channel_options(keepalive_interval_seconds,
                                                                           connection_timeout_ms))
@@ -56,35 +58,39 @@ async def check_reachable(service_url: str | ServiceUrl, timeout_seconds: float 
     """Fail fast when nothing accepts TCP connections at ``service_url`` (the
     command-line tools call it first; the SDK itself keeps waiting up to its
     operation timeout, as Pulsar's client does). Tries to connect for up to
-    ``timeout_seconds`` (a broker that is just starting) and raises
+    ``timeout_seconds`` (a broker that is just starting); a multi-host URL is
+    reachable when one of its hosts is (tried in turn, each round). Raises
     ``ConnectError`` naming the URL and the reason (connection refused, host
-    not resolved, ...); its ``unreachable`` attribute is ``(url, reason)``."""
+    not resolved, ...; per host for a multi-host URL); its ``unreachable``
+    attribute is ``(url, reason)``."""
     import asyncio
     import socket
 
     url = service_url if isinstance(service_url, ServiceUrl) else parse_service_url(service_url)
-    host = url.host[1:-1] if url.host.startswith("[") else url.host
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_seconds
-    reason = "no answer"
+    reasons = {target: "no answer" for target in url.targets}
     while True:
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, url.port),
-                                               max(0.05, deadline - loop.time()))
-        except ConnectionRefusedError:
-            reason = "connection refused"
-        except socket.gaierror:
-            reason = "host name not resolved"
-        except (asyncio.TimeoutError, TimeoutError):
-            reason = "connection timed out"
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-        else:
-            writer.close()
-            return
+        for (host, port), target in zip(url.addresses, url.targets):
+            host = host[1:-1] if host.startswith("[") else host
+            per_host = max(0.05, (deadline - loop.time()) / (len(url.addresses) if url.is_multi_host else 1))
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), per_host)
+            except ConnectionRefusedError:
+                reasons[target] = "connection refused"
+            except socket.gaierror:
+                reasons[target] = "host name not resolved"
+            except (asyncio.TimeoutError, TimeoutError):
+                reasons[target] = "connection timed out"
+            except OSError as exc:
+                reasons[target] = exc.strerror or str(exc)
+            else:
+                writer.close()
+                return
         if loop.time() + 0.2 >= deadline:
             break
         await asyncio.sleep(0.2)
+    reason = "; ".join(f"{t}: {r}" for t, r in reasons.items()) if url.is_multi_host else reasons[url.target]
     error = ConnectError(f"cannot connect to the broker at {url} ({reason}); check that the broker is running "
                          f"and that the service URL is right")
     error.unreachable = (str(url), reason)

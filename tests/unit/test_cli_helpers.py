@@ -31,6 +31,10 @@ def test_split_list_and_service_urls(monkeypatch):
     assert split_list("a, b,,c ") == ["a", "b", "c"]
     assert service_urls(["minipulsar://a:1,minipulsar://b:2", "minipulsar://a:1"]) == \
         ["minipulsar://a:1", "minipulsar://b:2"]
+    # an item without a scheme is one more host of the cluster before it (a multi-host URL)
+    assert service_urls(["minipulsar://a:1,a2:1,minipulsar://b:2", "minipulsar://a:1,a2:1"]) == \
+        ["minipulsar://a:1,a2:1", "minipulsar://b:2"]
+    assert service_urls(["minipulsar://a:1, a2:1, a3:1"]) == ["minipulsar://a:1,a2:1,a3:1"]
     monkeypatch.setenv("MINIPULSAR_SERVICE_URL", "minipulsar://env:7")
     assert service_urls(None) == ["minipulsar://env:7"]
     monkeypatch.delenv("MINIPULSAR_SERVICE_URL")
