@@ -15,6 +15,7 @@ import typing
 from typing import Any, Optional
 
 from broker.ledger.ml_config import ManagedLedgerConfig, ManagedLedgerSettings
+from proto.metadata_url import parse_metadata_store_url
 
 
 @dataclasses.dataclass
@@ -165,13 +166,15 @@ class BrokerConfig(ManagedLedgerSettings):
         bad_bookies = [b for b in self.bookies if not _is_address(b)]
         check("bookies", not bad_bookies,
               f"{', '.join(map(repr, bad_bookies))}: each bookie must be 'host:port' with a port in 1..65535")
-        url = self.metadata_store_url.strip()
-        check("metadata_store_url", url == "" or url.startswith("sqlite:") or url.startswith("etcd://"),
-              'must be "" (embedded SQLite in data_dir), "sqlite:PATH" or "etcd://host:port[,host:port...]"')
+        try:
+            store_kind = parse_metadata_store_url(self.metadata_store_url)[0]
+        except ValueError as exc:
+            store_kind = None
+            problems.append(f"metadata_store_url = {_describe(self.metadata_store_url, bare=True)}: {exc}")
         check("load_balancer_broker_overloaded_threshold_percentage",
               self.load_balancer_broker_overloaded_threshold_percentage >= 0, "must be >= 0")
         check("load_balancer_shedding_interval_minutes", self.load_balancer_shedding_interval_minutes > 0, "must be > 0")
-        registered = url.startswith("etcd://")  # bookies found under /ledgers/available
+        registered = store_kind == "etcd"  # bookies found under /ledgers/available
         if complete and not self.bookies and "bookies" not in bad and not registered:
             problems.append('bookies is empty: give the bookies as bookies = ["host:port", ...] '
                             '(or --bookies host:port,...)')

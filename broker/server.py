@@ -14,6 +14,7 @@ from broker.metadata import open_metadata_store
 from proto import broker_pb2_grpc
 from proto.common import grpc_message_size_options
 from proto.frame_errors import InvalidFrameInterceptor
+from proto.metadata_url import parse_metadata_store_url
 
 from .grpc_servicer import PulsarBrokerServicer
 from .metrics import start_metrics_server
@@ -44,7 +45,7 @@ class BrokerServer:
     """Start/stop a broker. After ``start()``: ``port`` (gRPC), ``http_port``, ``service``."""
 
     def __init__(self, config: BrokerConfig):
-        if not config.bookies and not config.metadata_store_url.startswith("etcd://"):
+        if not config.bookies and parse_metadata_store_url(config.metadata_store_url)[0] != "etcd":
             raise ValueError("the broker needs bookies: set bookies = ['host:port', ...] or --bookies "
                              "(or a shared metadata_store_url where bookies register)")
         self.config = config
