@@ -1,20 +1,28 @@
 """``AsyncClient``: the asyncio entry point of the SDK (Pulsar's PulsarClientImpl).
 
-One gRPC channel per client; producers, consumers and readers open streams
-on it.  Lookups (partition metadata, last message id, namespace topics) are
-unary RPCs with ``operation_timeout_seconds``.
+Connections (Pulsar's ConnectionPool and lookup service): the service URL
+(``minipulsar://host:port``, or several hosts of one cluster
+``minipulsar://h1:p1,h2:p2``) answers lookups, partition metadata and
+namespace topics; each topic's producer, consumer and reader streams go to the
+broker that owns the topic, found by a lookup (``client.lookup``), on one
+channel per broker shared by the whole client (``client.connection_pool``).
+A standalone broker answers that the service URL itself serves every topic.
+Lookups and unary calls take ``operation_timeout_seconds`` at most.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
-from typing import Any
+from typing import Any, Optional
 
 import grpc
 
-from client.connection import create_channel, map_rpc_error, parse_service_url
-from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration, PulsarException, Timeout
+from client.connection import map_rpc_error, parse_service_url
+from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host
+from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration, PulsarException, ServiceNotReady, \
+    Timeout
+from client.lookup import DEFAULT_MAX_LOOKUP_REDIRECTS, LookupResult, LookupService
 from client.message_id import MessageId
 from client.producer_config import ProducerConfig
 from client.topic_name import TopicName
@@ -30,21 +38,27 @@ class AsyncClient:
     """Asyncio client of a minipulsar broker (official pulsar-client ``Client``
     API, awaitable).
 
-    ``service_url``: ``minipulsar://host:port``; ``operation_timeout_seconds``:
-    timeout of lookups and producer/consumer creation (seconds);
-    ``connection_timeout_ms``: cap of the channel's reconnect backoff (ms);
-    ``keep_alive_interval_seconds``: HTTP/2 keepalive pings while streams are
-    open.  Construct inside a running event loop (or use it from one before
-    the first call); use as ``async with AsyncClient(url) as client:``.
-    Raises ``InvalidConfiguration`` for a bad URL or timeout.
+    ``service_url``: ``minipulsar://host:port``, or several hosts of one cluster
+    ``minipulsar://h1:p1,h2:p2`` (any live one answers; a host that refuses
+    connections is skipped); ``operation_timeout_seconds``: timeout of lookups
+    and producer/consumer creation (seconds); ``connection_timeout_ms``: cap of
+    the channels' reconnect backoff and the time a host of a multi-host URL
+    gets to accept a connection (ms); ``keep_alive_interval_seconds``: HTTP/2
+    keepalive pings while streams are open; ``max_lookup_redirects``: REDIRECT
+    answers one lookup follows at most (Pulsar's maxLookupRedirects, 20).
+    Construct inside a running event loop (or use it from one before the first
+    call); use as ``async with AsyncClient(url) as client:``.  Raises
+    ``InvalidConfiguration`` for a bad URL, timeout or redirect limit.
 
-    Attributes used by producers/consumers: ``stub`` (``PulsarBrokerStub``),
-    ``operation_timeout_seconds`` (float), ``loop``.
+    Attributes used by producers/consumers: ``lookup_topic`` / ``broker_stub`` /
+    ``stub_for_topic`` / ``invalidate_lookup`` (where a topic's streams go),
+    ``stub`` (``PulsarBrokerStub`` of the service URL: lookups, metadata,
+    admin), ``operation_timeout_seconds`` (float), ``loop``.
     """
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connection_timeout_ms: int = 10000, keep_alive_interval_seconds: float = 30,
-                 **unsupported: Any):
+                 max_lookup_redirects: int = DEFAULT_MAX_LOOKUP_REDIRECTS, **unsupported: Any):
         for key in ("authentication", "io_threads", "message_listener_threads", "concurrent_lookup_requests",
                     "log_conf_file_path", "use_tls", "tls_trust_certs_file_path", "tls_allow_insecure_connection",
                     "tls_validate_hostname", "logger", "listener_name", "stats_interval_in_seconds"):
@@ -58,8 +72,10 @@ class AsyncClient:
         self.operation_timeout_seconds = float(operation_timeout_seconds)
         self.connection_timeout_ms = int(connection_timeout_ms)
         self.keep_alive_interval_seconds = keep_alive_interval_seconds
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: PulsarBrokerStub | None = None
+        self._resolver = ServiceNameResolver(self.service_url)
+        self._lookups = LookupService(self._ask_lookup, self.operation_timeout_seconds, max_lookup_redirects)
+        self._pool: ConnectionPool | None = None
+        self._channel: grpc.aio.Channel | None = None  # the first host's (a single-host URL's only channel)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handles: list = []
         self._closed = False
@@ -78,15 +94,23 @@ class AsyncClient:
         except RuntimeError:
             raise InvalidConfiguration("AsyncClient must be used from a running asyncio event loop; "
                                        "use client.Client for synchronous code") from None
-        self._channel = create_channel(self.service_url, self.keep_alive_interval_seconds,
-                                       self.connection_timeout_ms)
-        self._stub = PulsarBrokerStub(self._channel)
+        self._pool = ConnectionPool(self.keep_alive_interval_seconds, self.connection_timeout_ms)
+        self._channel = self._pool.channel(self.service_url.target)
 
     @property
     def stub(self) -> PulsarBrokerStub:
-        """The broker stub on this client's channel (``proto.broker_pb2_grpc``)."""
+        """The broker stub of the service URL (``proto.broker_pb2_grpc``): its live
+        host for a multi-host URL (the host that last answered).  Lookups,
+        partition metadata, namespace topics and admin go there; a topic's
+        streams go to ``stub_for_topic(topic)``."""
         self._bind()
-        return self._stub
+        return self._pool.stub(self._resolver.current)
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The client's ``ConnectionPool`` (one channel per broker ``host:port``)."""
+        self._bind()
+        return self._pool
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -111,6 +135,22 @@ class AsyncClient:
             self._handles.remove(handle)
         except ValueError:
             pass
+
+    async def _service_rpc(self, method: str, request, what: str):
+        """Unary RPC ``method`` (``PulsarBrokerStub`` attribute name) on the service
+        URL, waiting up to ``operation_timeout_seconds`` for a broker: a
+        single-host URL waits for its channel (``wait_for_ready``); a multi-host
+        URL asks its hosts in turn (``call_any_host``).  Raises the broker's error,
+        ``ConnectError``, ``Timeout``, ``AlreadyClosed``."""
+        self._check_open()
+        self._bind()
+        if not self.service_url.is_multi_host:
+            return await self._unary(getattr(self.stub, method), request, what)
+        response, _ = await call_any_host(self._pool, self._resolver, method, request,
+                                          timeout=self.operation_timeout_seconds, what=what,
+                                          connect_timeout=self.connection_timeout_ms / 1000,
+                                          retry_for=self.operation_timeout_seconds)
+        return response
 
     async def _unary(self, rpc, request, what: str):
         self._check_open()
@@ -168,13 +208,97 @@ class AsyncClient:
         from client import reader
         return await reader.create_reader(self, topic, start_message_id, **options)
 
+    # -- where topics are served (Pulsar's lookup service and connection pool) -------
+    async def lookup_topic(self, topic: str) -> LookupResult:
+        """Which broker serves ``topic`` (one topic or one partition, full name):
+        the cached answer or a ``Lookup`` on the service URL following redirects
+        (``client.lookup.LookupService``).  Raises ``ConnectError`` (no broker
+        reachable; fail-fast: a stream (re)connection retries with its own
+        backoff), ``Timeout``, ``ServiceNotReady`` (no owner yet, too many
+        redirects), the broker's error, ``AlreadyClosed``."""
+        self._check_open()
+        self._bind()
+        return await self._lookups.lookup(topic)
+
+    def broker_stub(self, result: LookupResult) -> PulsarBrokerStub:
+        """The stub of the pooled channel to the broker of a lookup answer
+        (``result.target``; the service URL's host for a proxy-through answer)."""
+        self._check_open()
+        self._bind()
+        return self._pool.stub(result.target)
+
+    async def stub_for_topic(self, topic: str) -> PulsarBrokerStub:
+        """The ``PulsarBrokerStub`` to open ``topic``'s streams on (Pulsar's
+        ``getConnection(topic)``): ``lookup_topic`` then the pooled channel of the
+        owner.  Raises as ``lookup_topic``."""
+        return self.broker_stub(await self.lookup_topic(topic))
+
+    def invalidate_lookup(self, topic: str) -> None:
+        """Forget ``topic``'s cached lookup answer (its stream failed, was refused
+        as not served there, or the connection dropped): the next
+        ``lookup_topic`` asks again."""
+        self._lookups.invalidate(topic)
+
+    async def _ask_lookup(self, target: Optional[str], request: pb.LookupRequest,
+                          timeout: float) -> tuple[Optional[pb.LookupResponse], str]:
+        """One LookupRequest (``client.lookup.AskLookup``): to any live host of the
+        service URL when ``target`` is None, else to that broker; fail-fast (a
+        refused connection raises ``ConnectError`` at once).  UNIMPLEMENTED (a
+        broker without Lookup) returns ``(None, target)``."""
+        what = f"lookup of {request.topic}"
+        try:
+            if target is None:
+                return await call_any_host(self._pool, self._resolver, "Lookup", request, timeout=timeout,
+                                           what=what, connect_timeout=self.connection_timeout_ms / 1000,
+                                           map_errors=False)
+            return await self._pool.stub(target).Lookup(request, timeout=timeout, wait_for_ready=False), target
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None, target or self._resolver.current  # call_any_host made the host that answered current
+            raise map_rpc_error(exc, f"{what} at {target or self.service_url}") from None
+
+    async def _topic_rpc(self, topic: str, method: str, request, what: str):
+        """Unary RPC ``method`` for ``topic`` on the broker that serves it
+        (``lookup_topic``), within ``operation_timeout_seconds``.  A proxy-through
+        answer sends it on the service URL as ``_service_rpc``.  Retried with
+        backoff (0.1 s doubling to 1 s), after forgetting the lookup, while the
+        lookup finds no broker (``ConnectError``, ``ServiceNotReady``) or the
+        looked-up owner refuses (``ServiceNotReady``: not served there) or is
+        unreachable (``ConnectError``).  Raises the last error at the deadline,
+        or the broker's other errors at once."""
+        from client.connection import Backoff
+        loop = self.loop
+        deadline = loop.time() + self.operation_timeout_seconds
+        backoff = Backoff(0.1, 1.0)
+        while True:
+            result = None
+            try:
+                result = await self.lookup_topic(topic)
+                if result.proxy_through_service_url:
+                    return await self._service_rpc(method, request, what)
+                remaining = max(0.001, deadline - loop.time())
+                try:
+                    return await getattr(self.broker_stub(result), method)(request, timeout=remaining,
+                                                                           wait_for_ready=False)
+                except grpc.aio.AioRpcError as exc:
+                    raise map_rpc_error(exc, f"{what} at {result.broker_url}") from None
+            except (ConnectError, ServiceNotReady) as exc:
+                self.invalidate_lookup(topic)
+                if result is not None and result.proxy_through_service_url:
+                    raise  # the service URL itself serves the topic: as before lookups
+                delay = backoff.next()
+                if loop.time() + delay >= deadline:
+                    raise
+                log.debug("[%s] %s: %s; looking the topic up again in %.2fs", topic, what, exc, delay)
+                await asyncio.sleep(delay)
+
     # -- lookups ---------------------------------------------------------------------
     async def get_partitioned_topic_metadata(self, topic: str) -> int:
         """Number of partitions of ``topic`` (0 = not partitioned).  Raises
         ``InvalidTopicName``, ``ConnectError``/``Timeout``, ``AlreadyClosed``."""
         name = str(TopicName.get(topic))
-        resp = await self._unary(self.stub.GetPartitionedTopicMetadata, pb.TopicRequest(topic=name),
-                                 f"partition metadata of {name}")
+        resp = await self._service_rpc("GetPartitionedTopicMetadata", pb.TopicRequest(topic=name),
+                                       f"partition metadata of {name}")
         return int(resp.partitions)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
@@ -186,27 +310,37 @@ class AsyncClient:
 
     async def get_last_message_id(self, topic: str) -> MessageId:
         """Id of the last entry of ``topic`` (one topic or partition), ``MessageId(-1, -1)``
-        (== ``MessageId.earliest``) when empty.  Raises ``TopicNotFound`` etc."""
+        (== ``MessageId.earliest``) when empty, asked to the broker that serves the
+        topic.  Raises ``TopicNotFound`` etc."""
         name = str(TopicName.get(topic))
-        resp = await self._unary(self.stub.GetLastMessageId, pb.TopicRequest(topic=name),
-                                 f"last message id of {name}")
+        resp = await self.last_message_id_response(name)
         pos = resp.last_message_id
         partition = TopicName.get(name).partition_index
         if pos.ledger_id < 0 or pos.entry_id < 0:
             return MessageId(-1, -1)
         return MessageId(pos.ledger_id, pos.entry_id, partition)
 
+    async def last_message_id_response(self, topic: str) -> pb.LastMessageIdResponse:
+        """The raw ``GetLastMessageId`` answer for ``topic`` (full name of one topic or
+        partition: last and first entry, -1:-1 when empty), from the broker that
+        serves it (``_topic_rpc``).  Raises ``TopicNotFound``, ``ConnectError``,
+        ``Timeout``, ``AlreadyClosed``..."""
+        self._check_open()
+        return await self._topic_rpc(topic, "GetLastMessageId", pb.TopicRequest(topic=topic),
+                                     f"last message id of {topic}")
+
     async def get_topics_of_namespace(self, namespace: str) -> list[str]:
         """Topics of ``tenant/namespace`` (partitions listed individually)."""
         if not isinstance(namespace, str) or namespace.count("/") != 1:
             raise InvalidConfiguration(f"invalid namespace {namespace!r}: expected tenant/namespace")
-        resp = await self._unary(self.stub.GetTopicsOfNamespace, pb.NamespaceRequest(namespace=namespace),
-                                 f"topics of {namespace}")
+        resp = await self._service_rpc("GetTopicsOfNamespace", pb.NamespaceRequest(namespace=namespace),
+                                       f"topics of {namespace}")
         return list(resp.topics)
 
     # -- closing -------------------------------------------------------------------
     async def close(self) -> None:
-        """Close every producer, consumer and reader, then the channel.  Idempotent."""
+        """Close every producer, consumer and reader, then every channel of the
+        connection pool.  Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -215,8 +349,9 @@ class AsyncClient:
         for h, r in zip(handles, results):
             if isinstance(r, BaseException) and not isinstance(r, PulsarException):
                 log.warning("closing %r failed: %r", h, r)
-        if self._channel is not None:
-            await self._channel.close()
+        self._lookups.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     async def __aenter__(self) -> "AsyncClient":
         self._bind()

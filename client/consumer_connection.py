@@ -1,5 +1,7 @@
 """The gRPC stream of one consumer (Pulsar's ConnectionHandler plus the
-ClientCnx side of ConsumerImpl): open the bidi ``Consume`` stream and
+ClientCnx side of ConsumerImpl): look up the broker that serves the topic
+(``AsyncClient.lookup_topic``; forgotten and looked up again whenever a
+stream fails or breaks), open the bidi ``Consume`` stream there and
 subscribe, read it and dispatch each response, reconnect with ``Backoff``
 when it breaks, give up on a non-retriable error, write requests, and match
 requests carrying a request id (seek, unsubscribe, acks that wait) with the
@@ -20,7 +22,8 @@ from typing import Callable
 import grpc
 
 from client.connection import Backoff
-from client.errors import AlreadyClosed, ConnectError, PulsarException, Timeout, error_from_status
+from client.errors import AlreadyClosed, ConnectError, PulsarException, ServiceNotReady, Timeout, \
+    error_from_status
 from proto import broker_pb2 as pb
 
 __all__ = ["ConsumerConnection"]
@@ -30,12 +33,15 @@ log = logging.getLogger("client.consumer_impl")  # the logger name of before the
 
 class ConsumerConnection:
     """The stream of one consumer of ``topic`` on ``client`` (the AsyncClient:
-    ``stub``, ``operation_timeout_seconds`` in seconds); ``on_failed(consumer, exc)``:
+    ``lookup_topic``, ``broker_stub``, ``invalidate_lookup``,
+    ``operation_timeout_seconds`` in seconds); ``on_failed(consumer, exc)``:
     called once when reconnecting is given up.  Must be created on the
     client's running event loop (``RuntimeError`` otherwise).
 
     State: ``closed``, ``failed`` (the ``PulsarException`` it gave up on),
-    ``_call`` (the current stream, None while disconnected), ``_connected``
+    ``_call`` (the current stream, None while disconnected), ``broker`` (the
+    ``client.lookup.LookupResult`` of the last connection attempt, None before
+    its lookup answered), ``_connected``
     (event), ``_requests`` (request id -> future) with ``_on_success``
     callbacks, ``_request_ids``, ``_run_task``; ``_stopping`` (unsubscribed:
     the broker ends the stream, do not reconnect).
@@ -59,6 +65,7 @@ class ConsumerConnection:
         self._stopping = False  # unsubscribed: the broker ends the stream, do not reconnect
         self.failed: PulsarException | None = None
         self._call = None
+        self.broker = None  # client.lookup.LookupResult of the current / last connection attempt
         self._connected = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._request_ids = itertools.count(1)
@@ -68,17 +75,21 @@ class ConsumerConnection:
 
     # ------------------------------------------------------------------ stream
     async def _connect(self) -> None:
-        """Open a Consume stream, subscribe (``_subscribe_request``), then let
-        ``_on_subscribed`` resend pending acks and grant the first permits.
+        """Look the topic up, open a Consume stream on its broker, subscribe
+        (``_subscribe_request``), then let ``_on_subscribed`` resend pending acks
+        and grant the first permits.
 
         Timeouts use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11,
         ``wait_for`` returns the inner result when the task is cancelled in the same
         loop iteration as the answer arrives, swallowing the cancellation; a
         consumer closed at that moment then kept its stream (and an Exclusive
-        subscription: ConsumerBusy for everyone after it).  Raises the broker's
-        error, ``Timeout``, or ``AlreadyClosed`` when the consumer was closed meanwhile."""
+        subscription: ConsumerBusy for everyone after it).  Raises the lookup's or
+        the broker's error, ``Timeout``, or ``AlreadyClosed`` when the consumer was
+        closed meanwhile."""
         timeout = self._client.operation_timeout_seconds
-        call = self._client.stub.Consume()
+        self.broker = None
+        self.broker = await self._client.lookup_topic(self.topic)
+        call = self._client.broker_stub(self.broker).Consume()
         try:
             async with asyncio.timeout(timeout):
                 await call.write(self._subscribe_request())
@@ -108,9 +119,37 @@ class ConsumerConnection:
         self._connected.set()
 
     def _connect_failed(self, call) -> None:
-        """Subscribing on ``call`` failed: cancel it; acks written on it are pending again."""
+        """Subscribing on ``call`` failed: cancel it; acks written on it are pending again;
+        the topic is looked up again next time."""
         call.cancel()
+        self._client.invalidate_lookup(self.topic)
         self._requeue_acks()
+
+    async def _connect_first(self) -> None:
+        """The first ``_connect`` of a consumer.  Errors raise at once, as before
+        lookups, except while the topic's owner is not settled (Pulsar retries
+        subscribing on retriable errors): a lookup refused with
+        ``ServiceNotReady`` (no broker can take the topic yet), or a looked-up
+        owner other than the service URL that refuses (``ServiceNotReady``: not
+        served there) or cannot be reached (``ConnectError``); those are retried
+        with ``Backoff(0.1, 30.0)`` (seconds), the topic looked up again each
+        time, until ``operation_timeout_seconds`` have passed (then the last
+        error is raised)."""
+        timeout = self._client.operation_timeout_seconds
+        backoff = Backoff(0.1, 30.0, mandatory_stop=timeout)
+        while True:
+            try:
+                await self._connect()
+                return
+            except (ServiceNotReady, ConnectError) as e:
+                owner_moving = isinstance(e, ServiceNotReady) if self.broker is None \
+                    else not self.broker.proxy_through_service_url
+                if self.closed or not owner_moving or backoff.elapsed() >= timeout:
+                    raise
+                delay = backoff.next()
+                log.info("[%s][%s] subscribing failed (%s); looking the topic up again in %.2fs", self.topic,
+                         self.conf.subscription_name, e, delay)
+                await asyncio.sleep(delay)
 
     async def _run(self) -> None:
         """Read the stream; on a break, reconnect with backoff."""
@@ -146,6 +185,7 @@ class ConsumerConnection:
         (``ConnectError``), then ``_on_connection_lost``."""
         call, self._call = self._call, None
         self._connected.clear()
+        self._client.invalidate_lookup(self.topic)  # unloaded, moved, broker gone: look it up again
         if call is not None:
             call.cancel()
         for fut in self._requests.values():

@@ -139,8 +139,8 @@ class ConsumerImpl(ConsumerConnection):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Subscribe (errors propagate: ``ConsumerBusy``, ``TopicNotFound``,
-        ``NotAllowed``, ``Timeout``...) and start the background tasks."""
-        await self._connect()
+        ``NotAllowed``, ``Timeout``...; ``_connect_first``) and start the background tasks."""
+        await self._connect_first()
         self._run_task = self._loop.create_task(self._run())
         self._maintenance_task = self._loop.create_task(self._maintenance())
 

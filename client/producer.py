@@ -6,7 +6,9 @@ Moving parts (the pure ones: ``client.message_accumulator``, ``client.pending_qu
 - ``send``/``send_async`` turn the arguments into a ``PendingMessage`` and give
   it to the ``MessageAccumulator`` (sequence id, batch container, compression,
   chunking), which hands back ``OpSendMsg``s for the ``PendingQueue``;
-- a connection task keeps one bidi ``Produce`` stream: ``create`` first, then
+- a connection task keeps one bidi ``Produce`` stream, opened on the broker
+  that serves the topic (``AsyncClient.lookup_topic``, looked up again after
+  every failure, Pulsar's ConnectionHandler.grabCnx): ``create`` first, then
   a writer that coalesces every unsent op into one ``SendBatch`` frame and a
   reader that completes ops from ``ReceiptBatch``es in order; when the stream
   breaks it reconnects with ``Backoff`` and writes the whole pending queue
@@ -87,6 +89,7 @@ class Producer:
         self._last: SendCompletion | None = None
         self._wakeup = asyncio.Event()
         self._call = None
+        self._broker = None  # client.lookup.LookupResult of the current / last connection attempt
         self._created: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._batch_timer: asyncio.TimerHandle | None = None
@@ -295,7 +298,8 @@ class Producer:
         while self._state in (_CONNECTING, _READY):
             call = None
             try:
-                call = self._client.stub.Produce()
+                self._broker = await self._client.lookup_topic(self._topic)
+                call = self._client.broker_stub(self._broker).Produce()
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
                 # cancellation that lands as the answer arrives, and a producer closed
                 # then would keep its stream (ProducerBusy for its name).
@@ -317,6 +321,8 @@ class Producer:
                 if call is not None:
                     call.cancel()
                 err = _as_pulsar(exc, f"producer on {self._topic}")
+            # not served there any more, connection lost, owner gone...: look the topic up again
+            self._client.invalidate_lookup(self._topic)
             if self._state not in (_CONNECTING, _READY):
                 return
             self._state = _CONNECTING
@@ -361,8 +367,8 @@ class Producer:
         self._wakeup.set()
         if first:
             self._created.set_result(None)
-        log.info("[%s] [%s] producer ready (last sequence id %s, max message size %s bytes)", self._topic,
-                 self._name, ok.last_sequence_id, ok.max_message_size)
+        log.info("[%s] [%s] producer ready on %s (last sequence id %s, max message size %s bytes)", self._topic,
+                 self._name, getattr(self._broker, "broker_url", "?"), ok.last_sequence_id, ok.max_message_size)
 
     async def _serve(self, call) -> None:
         self._call = call

@@ -8,7 +8,7 @@ import uuid
 
 from client.consumer_config import ConsumerConfig, ConsumerType
 from client.consumer_impl import ConsumerImpl
-from client.errors import AlreadyClosed, InvalidConfiguration, error_from_status
+from client.errors import AlreadyClosed, InvalidConfiguration
 from client.message import Message
 from client.message_id import MessageId
 from client.topic_name import TopicName
@@ -67,17 +67,12 @@ class Reader:
     async def has_message_available(self) -> bool:
         """Whether ``read_next`` would return a message now or later without
         new publishes: compares the last message read (or the start id) with
-        the topic's last message id (GetLastMessageId).  Raises the broker's
-        error, ``Timeout``."""
+        the topic's last message id (GetLastMessageId, asked to the broker that
+        serves the topic).  Raises the broker's error, ``Timeout``."""
         self._check_open()
         if len(self._impl.queue):
             return True
-        import grpc
-        try:
-            resp = await self._client.stub.GetLastMessageId(pb.TopicRequest(topic=self._topic),
-                                                            timeout=self._client.operation_timeout_seconds)
-        except grpc.aio.AioRpcError as e:
-            raise error_from_status(e.code(), e.details()) from None
+        resp = await self._client.last_message_id_response(self._topic)
         last = _entry_of(resp.last_message_id)
         if last.entry_id < 0:
             return False  # empty topic
@@ -150,12 +145,7 @@ async def create_reader(client, topic: str, start_message_id: MessageId, reader_
                           consumer_name=reader_name).validate()
     start, inclusive = start_message_id, start_message_id_inclusive
     if start == MessageId.latest and inclusive:
-        import grpc
-        try:
-            resp = await client.stub.GetLastMessageId(pb.TopicRequest(topic=str(name)),
-                                                      timeout=client.operation_timeout_seconds)
-        except grpc.aio.AioRpcError as e:
-            raise error_from_status(e.code(), e.details()) from None
+        resp = await client.last_message_id_response(str(name))
         if resp.last_message_id.entry_id >= 0:
             start = _entry_of(resp.last_message_id)
     impl = ConsumerImpl(client, str(name), conf, partition=name.partition_index, durable=False,

@@ -176,6 +176,42 @@ def test_admin_several_service_urls(url):
     assert "==" not in health.stdout and health.stdout.split()[:2] == ["cluster", "standalone"]
 
 
+def _free_port() -> int:
+    from tests.procs import free_port
+    return free_port()
+
+
+def test_multi_host_service_url_with_its_first_host_down(url, standalone):
+    """minipulsar://<nothing listens>,<the broker>: every tool skips the dead host."""
+    multi = f"minipulsar://127.0.0.1:{_free_port()},127.0.0.1:{standalone.port}"
+    topic = f"cli-multi-{uid()}"
+    p = run("minipulsar-client", "--service-url", multi, "produce", topic, "-m", "a,b", "-n", "2")
+    assert "4 messages successfully produced" in p.stdout
+    c = run("minipulsar-client", "consume", topic, "-s", "sub", "-n", "4", "-p", "Earliest", "--quiet",
+            "--timeout", "30", env_url=multi)
+    assert "4 messages successfully consumed" in c.stdout
+    assert admin_json(multi, "brokers", "health")["ok"] is True
+    assert f"persistent://public/default/{topic}" in admin_json(multi, "topics", "list", "public/default")
+    # the multi-host URL is one cluster next to another one
+    both = json.loads(run("minipulsar-admin", "--service-url", f"{multi},{url}", "brokers", "health",
+                          "--json").stdout)
+    assert set(both) == {multi, url} and all(doc["ok"] for doc in both.values())
+    perf = run("minipulsar-perf", "produce", f"cli-multi-perf-{uid()}", "--service-url", multi, "-r", "500",
+               "-m", "200", "--warmup", "0", "--json")
+    assert _perf_json(perf.stdout)["publish"]["messages"] == 200
+
+
+def test_multi_host_service_url_all_down_is_one_clear_error_line():
+    a, b = _free_port(), _free_port()
+    multi = f"minipulsar://127.0.0.1:{a},127.0.0.1:{b}"
+    for tool, args in (("minipulsar-client", ("produce", "t", "-m", "x")), ("minipulsar-admin", ("tenants", "list"))):
+        proc = run(tool, "--service-url", multi, *args, check=False)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: no answer from the broker at " + multi), lines
+        assert f"127.0.0.1:{a}: connection refused" in lines[0] and f"127.0.0.1:{b}: connection refused" in lines[0]
+
+
 def test_admin_subscriptions_reset_cursor_unsubscribe(url):
     topic = f"cli-reset-{uid()}"
     run("minipulsar-client", "--service-url", url, "produce", topic, "-m", "a,b,c,d,e", "--disable-batching")

@@ -10,6 +10,7 @@ from client.batching import PendingMessage, message_metadata
 from client.consumer import ConsumerType, DeadLetterPolicy, create_consumer
 from client.entry_format import encode_entry
 from client.errors import ConsumerBusy
+from client.lookup import LookupResult
 from proto import broker_pb2 as pb
 
 
@@ -76,12 +77,24 @@ class FakeProducer:
 
 
 class FakeClient:
+    """The AsyncClient surface ConsumerImpl uses; every topic is served by ``stub``
+    (a standalone broker: lookups answer proxy-through)."""
     operation_timeout_seconds = 2.0
 
     def __init__(self):
         self.stub = FakeStub()
         self.handles = []
         self.producers: dict[str, FakeProducer] = {}
+        self.invalidated: list[str] = []
+
+    async def lookup_topic(self, topic):
+        return LookupResult("fake:1", "minipulsar://fake:1", proxy_through_service_url=True)
+
+    def broker_stub(self, result):
+        return self.stub
+
+    def invalidate_lookup(self, topic):
+        self.invalidated.append(topic)
 
     def _check_open(self):
         pass
