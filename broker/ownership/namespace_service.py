@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from typing import Optional
 
 from broker.metadata.store import BadVersion, MetadataStoreError, NotFound, Notification, SessionEvent
@@ -72,6 +73,8 @@ class NamespaceService:
         self._pending: dict[str, int] = {}        # leader: bundles assigned per broker since its last report
         self._tasks: list[asyncio.Task] = []
         self._hook_tasks: set[asyncio.Task] = set()
+        self._acquiring: dict[str, asyncio.Future] = {}
+        self.instance_id = uuid.uuid4().hex  # this process's id in its ownership nodes
         self._unwatch = []
         self._closed = False
         self._cpu_last = (time.monotonic(), time.process_time())
@@ -166,6 +169,13 @@ class NamespaceService:
         key = str(bundle)
         return key in self.owned and key not in self.unloading, bundle
 
+    def serves_bundle(self, bundle: Bundle) -> bool:
+        """Whether this broker owns ``bundle`` and is not unloading it (no I/O: a topic
+        load checks it right before the topic is registered, so an unload that started
+        meanwhile either finds the topic or makes the load give up)."""
+        key = str(bundle)
+        return key in self.owned and key not in self.unloading
+
     async def check_serving(self, topic: TopicName, verify: bool = False) -> None:
         """Raise ``ServiceNotReady`` ("look it up again") unless this broker serves ``topic``.
         ``verify``: also read the ownership node (before a topic is loaded): a broker that
@@ -196,9 +206,10 @@ class NamespaceService:
         owner = await self.owner_of(bundle)
         if owner is not None:
             if owner == self.service_url and str(bundle) not in self.owned:
-                # a node of an earlier process of this broker (same address: it is dead, we hold the
-                # port), waiting for its lease to expire: take the bundle over now
-                owner = await self._take_stale(bundle)
+                # being acquired by this process, or a node of an earlier process of this broker
+                # (same address: it is dead, we hold the port) waiting for its lease to expire
+                pending = self._acquiring.get(str(bundle))
+                owner = await asyncio.shield(pending) if pending is not None else await self._take_stale(bundle)
             return LookupAnswer(broker_service_url=owner)
         if not authoritative and not self.is_leader:
             leader = await self.leader_url()
@@ -266,20 +277,48 @@ class NamespaceService:
 
     async def acquire(self, bundle: Bundle) -> str:
         """Take ``bundle`` for this broker (create-only ephemeral node); returns the
-        owner's URL: this broker's, or the broker that took it first."""
+        owner's URL: this broker's, or the broker that took it first. Concurrent calls
+        for one bundle share one attempt."""
         key = str(bundle)
         if key in self.owned:
             return self.service_url
-        value = json.dumps({"nativeUrl": self.service_url, "disabled": False}).encode()
+        pending = self._acquiring.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut = asyncio.get_running_loop().create_future()
+        self._acquiring[key] = fut
         try:
-            await self.store.put_ephemeral(self.ownership_path(bundle), value, -1)
+            owner = await self._acquire(bundle)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: waiters re-raise it
+            raise
+        else:
+            fut.set_result(owner)
+            return owner
+        finally:
+            self._acquiring.pop(key, None)
+
+    def _node_value(self) -> bytes:
+        # brokerId tells this process's nodes from those of an earlier process on the same address
+        return json.dumps({"nativeUrl": self.service_url, "brokerId": self.instance_id,
+                           "disabled": False}).encode()
+
+    async def _acquire(self, bundle: Bundle) -> str:
+        key = str(bundle)
+        try:
+            await self.store.put_ephemeral(self.ownership_path(bundle), self._node_value(), -1)
         except BadVersion:
-            owner = await self.owner_of(bundle)
+            owner = await self.owner_of(bundle, cached=False)
             if owner is None:
                 raise MetadataStoreError(f"bundle {bundle} changed owner while being acquired; retry")
             if owner == self.service_url:
                 return await self._take_stale(bundle)
             return owner
+        self._owned_now(key, bundle)
+        return self.service_url
+
+    def _owned_now(self, key: str, bundle: Bundle) -> None:
         self.owned[key] = bundle
         log.info("now owns bundle %s", bundle)
         hook = getattr(self.service, "on_bundle_owned", None)
@@ -287,16 +326,30 @@ class NamespaceService:
             task = asyncio.get_running_loop().create_task(hook(bundle))
             self._hook_tasks.add(task)
             task.add_done_callback(self._hook_tasks.discard)
-        return self.service_url
 
     async def _take_stale(self, bundle: Bundle) -> str:
-        try:
-            got = await self.store.get(self.ownership_path(bundle))
-            if got is not None:
-                await self.store.delete(self.ownership_path(bundle), got.version)
-        except (NotFound, BadVersion):
-            pass
-        return await self.acquire(bundle)
+        """The ownership node names this broker's address: a node of an earlier process on
+        this address (dead: this process holds the port) is deleted and the bundle taken;
+        a node of this process is simply ours."""
+        path = self.ownership_path(bundle)
+        got = await self.store.get(path)
+        if got is not None:
+            try:
+                data = json.loads(got.value)
+            except ValueError:
+                data = {}
+            if data.get("brokerId") == self.instance_id:
+                if str(bundle) not in self.owned:
+                    self._owned_now(str(bundle), bundle)
+                return self.service_url
+            if data.get("nativeUrl") != self.service_url:
+                return data.get("nativeUrl") or await self._acquire(bundle)
+            log.info("bundle %s is held by an earlier process of this broker: taking it over", bundle)
+            try:
+                await self.store.delete(path, got.version)
+            except (NotFound, BadVersion):
+                pass
+        return await self._acquire(bundle)
 
     # ---- unload and split ------------------------------------------------
     async def unload_bundle(self, bundle: Bundle) -> int:
@@ -327,7 +380,7 @@ class NamespaceService:
             return
         try:
             got = await self.store.get(self.ownership_path(bundle))
-            if got is not None and json.loads(got.value).get("nativeUrl") == self.service_url:
+            if got is not None and json.loads(got.value).get("brokerId") == self.instance_id:
                 await self.store.delete(self.ownership_path(bundle), got.version)
         except (MetadataStoreError, NotFound, BadVersion, ValueError) as exc:
             log.warning("releasing bundle %s: %s", bundle, exc)
@@ -505,7 +558,7 @@ class NamespaceService:
         if bundle is None:
             return
         got = await self.store.get(self.ownership_path(bundle))
-        if got is not None and json.loads(got.value).get("nativeUrl") == self.service_url:
+        if got is not None and json.loads(got.value).get("brokerId") == self.instance_id:
             return  # re-acquired meanwhile
         self.owned.pop(key, None)
         for name in [n for n in list(self.service.topics) if bundle.contains(n)]:

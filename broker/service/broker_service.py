@@ -157,10 +157,17 @@ class BrokerService:
                 raise TopicNotFound(f"topic {tn} does not exist and auto-creation is "
                                     f"{'off' if not self.config.allow_auto_topic_creation else 'not asked'}; "
                                     f"create it with: minipulsar-admin topics create {tn}")
+        bundle = await self.namespace_service.bundle_of(tn) if self.namespace_service is not None else None
         ml = await self.ml_factory.open(tn.persistence_naming)
         self._apply_retention(ml, policies)
         topic = PersistentTopic(self, tn, ml, self.dedup_enabled(policies))
         await topic.initialize()
+        if bundle is not None and not self.namespace_service.serves_bundle(bundle):
+            # the bundle was unloaded (or lost) while the topic loaded: an unload only closes
+            # the topics it finds registered, so this one must not stay open here
+            await topic.close()
+            raise ServiceNotReady(f"topic {tn}: its bundle {bundle} moved while the topic was loading on "
+                                  f"this broker; look it up again")
         self.topics[str(tn)] = topic
         log.info("loaded topic %s (instance %x)", tn, id(topic))
         await self.on_topic_loaded(topic, policies)
