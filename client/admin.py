@@ -303,6 +303,34 @@ class AdminClient:
         """The broker's health answer (``ok``, ``cluster``, ``topics``)."""
         return await self.call("brokers.health")
 
+    # -- broker clusters (Pulsar's brokers list / leader-broker, topics lookup, namespace bundles)
+    async def list_brokers(self) -> list[dict]:
+        """The cluster's live brokers with their load reports (``service_url``, ``bundles``,
+        ``topics``, ``msg_rate_in``/``_out`` msgs/s, ``cpu`` %, ``leader``)."""
+        return await self.call("brokers.list")
+
+    async def leader_broker(self) -> dict:
+        """``{"service_url": ...}`` of the cluster's leader broker (its load manager)."""
+        return await self.call("brokers.leader_broker")
+
+    async def lookup_topic(self, topic: str) -> dict:
+        """``{"broker_url": ..., "bundle": ...}``: the broker serving ``topic`` (assigned when unowned)."""
+        return await self.call("topics.lookup", topic=topic)
+
+    async def get_bundles(self, namespace: str) -> dict:
+        """The namespace's bundles: ``boundaries`` (hex strings), ``numBundles``, ``owners``
+        (``{range: service URL or None}``)."""
+        return await self.call("namespaces.bundles", namespace=namespace)
+
+    async def unload_namespace(self, namespace: str, bundle: str | None = None) -> dict:
+        """Unload every bundle of ``namespace``, or the one named ``0xLOWER_0xUPPER``:
+        ``{"unloaded": {range: topics closed}}``; the topics move on their next lookup."""
+        return await self.call("namespaces.unload", namespace=namespace, bundle=bundle)
+
+    async def split_bundle(self, namespace: str, bundle: str) -> dict:
+        """Split the bundle ``0xLOWER_0xUPPER`` of ``namespace`` in two: ``{"bundles": [r1, r2]}``."""
+        return await self.call("namespaces.split_bundle", namespace=namespace, bundle=bundle)
+
 
 def _reason(exc: grpc.aio.AioRpcError) -> str:
     """Why the connection failed, short: 'connection refused', 'name not resolved', ..."""

@@ -371,6 +371,43 @@ async def _brokers_health(a, args):
     return await a.health(), None
 
 
+async def _brokers_list(a, args):
+    brokers = await a.list_brokers()
+    rows = [{"broker": b.get("service_url"), "leader": b.get("leader", False), "bundles": len(b.get("bundles", {})),
+             "topics": b.get("topics"), "msgRateIn": b.get("msg_rate_in"), "msgRateOut": b.get("msg_rate_out"),
+             "cpu%": b.get("cpu")} for b in brokers]
+    return brokers, render(rows)
+
+
+async def _brokers_leader(a, args):
+    answer = await a.leader_broker()
+    return answer, answer.get("service_url")
+
+
+async def _topics_lookup(a, args):
+    answer = await a.lookup_topic(args.topic)
+    return answer, answer.get("broker_url")
+
+
+async def _ns_bundles(a, args):
+    answer = await a.get_bundles(args.namespace)
+    rows = [{"bundle": r, "owner": o} for r, o in answer.get("owners", {}).items()]
+    return answer, render(rows)
+
+
+async def _ns_unload(a, args):
+    answer = await a.unload_namespace(args.namespace, args.bundle)
+    done = answer.get("unloaded", {})
+    what = f"bundle {args.bundle} of {args.namespace}" if args.bundle else f"namespace {args.namespace}"
+    return answer, (f"unloaded {what}: " + (", ".join(f"{r} ({n} topics)" for r, n in done.items())
+                                            if done else "no bundle was owned"))
+
+
+async def _ns_split_bundle(a, args):
+    answer = await a.split_bundle(args.namespace, args.bundle)
+    return answer, f"bundle {args.bundle} of {args.namespace} split into {_scalar(answer.get('bundles'))}"
+
+
 # ---------------------------------------------------------------------------- running
 def _explain(exc: BaseException, url: str, timeout: float) -> str:
     """The error line; an unreachable broker gets a hint instead of a bare gRPC status."""
@@ -482,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tenant", metavar="TENANT")
 
     # namespaces
-    g = group("namespaces", "namespaces and their policies")
+    g = ns_verbs = group("namespaces", "namespaces, their policies and bundles")
     verb(g, "create", _ns_create, "create a namespace").add_argument("namespace", metavar="TENANT/NAMESPACE")
     verb(g, "list", _ns_list, "list the namespaces of a tenant").add_argument("tenant", metavar="TENANT")
     verb(g, "policies", _ns_policies, "show a namespace's policies").add_argument(
@@ -546,9 +583,22 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("topic", metavar="TOPIC")
     v.add_argument("--clusters", "-c", required=True, metavar="A,B")
 
+    verb(g, "lookup", _topics_lookup, "the broker serving a topic").add_argument("topic", metavar="TOPIC")
+    g2 = ns_verbs
+    verb(g2, "bundles", _ns_bundles, "a namespace's bundles and their owners").add_argument(
+        "namespace", metavar="TENANT/NAMESPACE")
+    v = verb(g2, "unload", _ns_unload, "unload a namespace, or one bundle (its topics move to another broker)")
+    v.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    v.add_argument("--bundle", "-b", default=None, metavar="0xLOWER_0xUPPER")
+    v = verb(g2, "split-bundle", _ns_split_bundle, "split a bundle in two")
+    v.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    v.add_argument("--bundle", "-b", required=True, metavar="0xLOWER_0xUPPER")
+
     # brokers
-    g = group("brokers", "the broker")
+    g = group("brokers", "the brokers of the cluster")
     verb(g, "health", _brokers_health, "check the broker's health", aliases=["healthcheck"])
+    verb(g, "list", _brokers_list, "the cluster's live brokers with their load")
+    verb(g, "leader-broker", _brokers_leader, "the leader broker (runs the load manager)")
     return parser
 
 

@@ -376,3 +376,58 @@ async def test_a_namespace_unload_while_consumers_subscribe_leaves_none_behind(c
             assert got == set(range(20))
             await consumer.close()
             await producer.close()
+
+
+def _admin_cli(url: str, *argv: str) -> tuple[int, str, str]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "client.admin_cli", "--service-url", url, *argv],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+async def test_admin_cli_brokers_bundles_lookup_unload_split(cluster2):
+    c = cluster2
+    url = c.service_url
+    topic = "persistent://public/default/cli-topic"
+    async with AsyncClient(url) as client:
+        await (await client.create_producer(topic)).send(b"x")
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "brokers", "list", "--json")
+    assert rc == 0, err
+    assert sorted(b["service_url"] for b in json.loads(out)) == sorted(b.service_url for b in c.brokers)
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "brokers", "leader-broker")
+    assert rc == 0 and out.strip() in {b.service_url for b in c.brokers}, (out, err)
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "topics", "lookup", topic)
+    owner = out.strip()
+    assert rc == 0 and owner in {b.service_url for b in c.brokers}, (out, err)
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "topics", "stats", topic, "--json")
+    assert rc == 0 and json.loads(out)["ownerBroker"] == owner, (out, err)
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "namespaces", "bundles", "public/default", "--json")
+    bundles = json.loads(out)
+    assert rc == 0 and bundles["numBundles"] == 4
+    bundle = (await admin_call(c.brokers[0].port, "topics.lookup", {"topic": topic}))["bundle"].rpartition("/")[2]
+    assert bundles["owners"][bundle] == owner
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "namespaces", "unload", "public/default",
+                                           "--bundle", bundle)
+    assert rc == 0 and f"unloaded bundle {bundle}" in out, (out, err)
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "namespaces", "split-bundle", "public/default",
+                                           "--bundle", bundle)
+    assert rc == 0 and "split into" in out, (out, err)
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "namespaces", "bundles", "public/default", "--json")
+    assert json.loads(out)["numBundles"] == 5
+    # a bad bundle range is a clear error, not a crash
+    rc, out, err = await asyncio.to_thread(_admin_cli, url, "namespaces", "split-bundle", "public/default",
+                                           "--bundle", "0x1_0x0")
+    assert rc == 1 and "error:" in err and "bundle range" in err, err
+    async with AsyncClient(url) as client:
+        consumer = await client.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
+        assert (await consumer.receive(timeout_millis=10000)).data() == b"x"
+
+
+async def test_bundle_admin_on_a_standalone_broker_says_what_to_do(standalone):
+    rc, out, err = await asyncio.to_thread(_admin_cli, standalone.service_url, "namespaces", "bundles",
+                                           "public/default")
+    assert rc == 1 and "standalone" in err and "--metadata-store-url" in err, err
+    rc, out, err = await asyncio.to_thread(_admin_cli, standalone.service_url, "brokers", "list", "--json")
+    assert rc == 0 and json.loads(out)[0]["standalone"] is True
