@@ -431,3 +431,42 @@ async def test_bundle_admin_on_a_standalone_broker_says_what_to_do(standalone):
     assert rc == 1 and "standalone" in err and "--metadata-store-url" in err, err
     rc, out, err = await asyncio.to_thread(_admin_cli, standalone.service_url, "brokers", "list", "--json")
     assert rc == 0 and json.loads(out)[0]["standalone"] is True
+
+
+async def test_the_leader_sheds_a_bundle_of_an_overloaded_broker(tmp_path, process_tracker):
+    """ThresholdShedder (simplified): one broker owns every busy bundle; a second broker
+    joins; the leader unloads the busiest bundle of the overloaded one, and the next
+    lookup places it on the idle broker. Producers keep going, nothing is lost."""
+    c = BrokerCluster(tmp_path, process_tracker, brokers=1, config={
+        "load_balancer_shedding_interval_minutes": 0.05,   # every 3 s
+        "load_balancer_broker_overloaded_threshold_percentage": 10.0}).start()
+    first = c.brokers[0]
+    topics = [f"persistent://public/default/hot-{i}" for i in range(12)]
+    async with AsyncClient(c.service_url, operation_timeout_seconds=60) as client:
+        producers = [await client.create_producer(t, send_timeout_millis=0) for t in topics]
+        assert {await owner_of(c, t) for t in topics} == {first.service_url}
+        c.brokers.append(c.start_broker(1))
+        second = c.brokers[1]
+        acked = {t: 0 for t in topics}
+        stop = asyncio.Event()
+
+        async def pump(topic, producer):
+            while not stop.is_set():
+                await producer.send(b"load")
+                acked[topic] += 1
+
+        pumps = [asyncio.create_task(pump(t, p)) for t, p in zip(topics, producers)]
+        try:
+            deadline = time.monotonic() + 60
+            moved = []
+            while time.monotonic() < deadline and not moved:
+                await asyncio.sleep(1)
+                moved = [t for t in topics if await owner_of(c, t, via=second.port) == second.service_url]
+            assert moved, "no bundle was shed to the idle broker within 60 s"
+        finally:
+            stop.set()
+            await asyncio.gather(*pumps)
+            for producer in producers:
+                await producer.close()
+        stored = {t: len(await _read_all(client, t)) for t in topics}
+        assert stored == acked, "every acknowledged send stored once, across the move"
