@@ -22,6 +22,7 @@ from typing import Callable
 import grpc
 
 from client.connection import Backoff
+from client.lookup import reconnect_delay
 from client.errors import AlreadyClosed, ConnectError, PulsarException, ServiceNotReady, Timeout, \
     error_from_status
 from proto import broker_pb2 as pb
@@ -197,8 +198,9 @@ class ConsumerConnection:
         """Reconnect with ``Backoff(0.1, 30.0)`` (seconds) until it works (True) or
         the consumer is closed or gives up on a non-retriable error (``_fail``, False)."""
         backoff = Backoff(0.1, 30.0)
+        last_error: BaseException | None = None
         while not self.closed:
-            await asyncio.sleep(backoff.next())
+            await asyncio.sleep(reconnect_delay(backoff.next(), self.broker, last_error))
             if self.closed:
                 return False
             try:
@@ -213,6 +215,7 @@ class ConsumerConnection:
                     log.error("[%s][%s] giving up reconnecting: %s", self.topic, self.conf.subscription_name, e)
                     self._fail(e)
                     return False
+                last_error = e
                 log.info("[%s][%s] reconnect failed (%s)", self.topic, self.conf.subscription_name, e)
             except Exception as e:  # noqa: BLE001 - e.g. the channel was closed under us
                 if self.closed:

@@ -58,6 +58,26 @@ class LookupResult:
     redirects: int = 0
 
 
+# Longest wait (s) between reconnects while a looked-up owner is unreachable or refuses the
+# topic: in a broker cluster that resolves when the dead owner's session expires or the new
+# owner has loaded the topic, so an exponential backoff would only add its last step (up to
+# one session timeout) to the failover. Reconnects after a failed lookup keep their backoff.
+OWNER_MOVING_MAX_DELAY_S = 0.5
+
+
+def reconnect_delay(delay: float, result: Optional[LookupResult], error: BaseException) -> float:
+    """The wait before the next reconnect: ``delay`` (the backoff's, seconds), capped at
+    ``OWNER_MOVING_MAX_DELAY_S`` when the lookup named an owner of a broker cluster
+    (``result`` not proxy-through) that could not be reached or did not serve the topic
+    (``ConnectError`` / ``ServiceNotReady``)."""
+    from client.errors import ConnectError, ServiceNotReady
+
+    if result is not None and not result.proxy_through_service_url \
+            and isinstance(error, (ConnectError, ServiceNotReady)):
+        return min(delay, OWNER_MOVING_MAX_DELAY_S)
+    return delay
+
+
 @dataclass(frozen=True)
 class LookupStep:
     """The next LookupRequest of a lookup: send ``LookupRequest(topic, authoritative)``

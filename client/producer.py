@@ -30,6 +30,7 @@ import grpc
 
 from client.batching import PendingMessage
 from client.connection import Backoff, is_retriable, map_rpc_error
+from client.lookup import reconnect_delay
 from client.errors import (AlreadyClosed, AuthorizationError, ConnectError, InvalidTopicName, NotAllowed,
                            ProducerQueueIsFull, PulsarException, ServiceNotReady, Timeout, TopicNotFound,
                            TopicTerminated, error_from_status)
@@ -297,6 +298,7 @@ class Producer:
         backoff = Backoff(0.1, 30.0, mandatory_stop=timeout)
         while self._state in (_CONNECTING, _READY):
             call = None
+            self._broker = None
             try:
                 self._broker = await self._client.lookup_topic(self._topic)
                 call = self._client.broker_stub(self._broker).Produce()
@@ -333,7 +335,7 @@ class Producer:
             if not first and isinstance(err, _FATAL):
                 self._fail(err)
                 return
-            delay = backoff.next()
+            delay = reconnect_delay(backoff.next(), self._broker, err)
             log.info("[%s] [%s] producer disconnected (%s); reconnecting in %.2fs", self._topic, self._name,
                      err, delay)
             await asyncio.sleep(delay)

@@ -266,3 +266,20 @@ def test_resolver_of_a_single_host_url():
     resolver = ServiceNameResolver(parse_service_url("minipulsar://h:7"))
     resolver.mark_failed("h:7")
     assert resolver.current == "h:7" and resolver.candidates() == ["h:7"]
+
+
+def test_reconnect_delay_is_capped_only_while_a_cluster_owner_moves():
+    from client.errors import ConnectError, ServiceNotReady, TopicNotFound
+    from client.lookup import OWNER_MOVING_MAX_DELAY_S, LookupResult, reconnect_delay
+
+    owner = LookupResult(target="127.0.0.1:1", broker_url="minipulsar://127.0.0.1:1")
+    standalone = LookupResult(target="127.0.0.1:1", broker_url="minipulsar://127.0.0.1:1",
+                              proxy_through_service_url=True)
+    assert reconnect_delay(6.4, owner, ConnectError("refused")) == OWNER_MOVING_MAX_DELAY_S
+    assert reconnect_delay(6.4, owner, ServiceNotReady("not served here")) == OWNER_MOVING_MAX_DELAY_S
+    assert reconnect_delay(0.1, owner, ConnectError("refused")) == 0.1
+    # a standalone, a failed lookup, another error: the backoff as it is
+    assert reconnect_delay(6.4, standalone, ConnectError("refused")) == 6.4
+    assert reconnect_delay(6.4, None, ConnectError("no broker answers")) == 6.4
+    assert reconnect_delay(6.4, owner, TopicNotFound("gone")) == 6.4
+    assert reconnect_delay(6.4, owner, None) == 6.4
