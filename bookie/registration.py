@@ -30,6 +30,8 @@ import aetcd
 import grpc
 from aetcd import rpc
 
+from proto.etcd_calls import describe_error as _describe
+from proto.etcd_calls import keep_alive_rpc
 from proto.metadata_url import parse_etcd_endpoints
 
 __all__ = ["AVAILABLE_PATH", "DEFAULT_TTL_S", "BookieRegistration", "RegistrationError", "registration_value"]
@@ -192,7 +194,8 @@ class BookieRegistration:
             started = time.monotonic()
             try:
                 client = await self._connected()
-                ttl = await _keep_alive_once(client, self.lease_id, timeout=max(0.5, min(interval, 5.0)))
+                reply = await keep_alive_rpc(client, self.lease_id, timeout=max(0.5, min(interval, 5.0)))
+                ttl = reply.TTL if reply is not None else 0
                 if ttl <= 0:
                     log.warning("bookie registration: lease %x of %s expired; registering again",
                                 self.lease_id, self.address)
@@ -212,21 +215,3 @@ class BookieRegistration:
             except Exception:
                 log.exception("bookie registration: keep-alive step failed")
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
-
-
-async def _keep_alive_once(client: aetcd.Client, lease_id: int, timeout: float) -> int:
-    """One LeaseKeepAlive round trip; the remaining TTL in seconds (<= 0: the lease is gone)."""
-    call = client.leasestub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout)
-    try:
-        async for reply in call:
-            return reply.TTL
-        return 0
-    finally:
-        call.cancel()
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        details = (exc.details() or "").split("\n")[0]
-        return f"{exc.code().name}: {details}" if details else exc.code().name
-    return f"{type(exc).__name__}: {exc}"

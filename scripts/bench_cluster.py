@@ -39,6 +39,7 @@ if REPO_ROOT not in sys.path:
 
 import grpc  # noqa: E402
 
+from bench_replication import proc_cpu_seconds as cpu_seconds  # noqa: E402  (scripts/ is sys.path[0])
 from proto import broker_pb2 as pb  # noqa: E402
 from proto.broker_pb2_grpc import PulsarBrokerStub  # noqa: E402
 
@@ -59,15 +60,6 @@ def summary(values: list[float]) -> str:
         return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 async def admin(port: int, method: str, body: dict):

@@ -69,6 +69,8 @@ from broker.metadata.store import (
     SessionListener,
     WatchCallback,
 )
+from proto.etcd_calls import describe_error as _describe
+from proto.etcd_calls import keep_alive_rpc as _keep_alive_rpc
 from proto.metadata_url import parse_etcd_endpoints
 
 __all__ = ["EtcdMetadataStore", "MetadataStoreUnavailable"]
@@ -696,24 +698,6 @@ class EtcdMetadataStore(MetadataStore):
         self._internal.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("metadata store callback failed", exc_info=task.exception())
-
-
-async def _keep_alive_rpc(client: aetcd.Client, lease_id: int, timeout: float):
-    """One LeaseKeepAlive round trip; the reply (``TTL <= 0``: the lease is gone) or None."""
-    call = client.leasestub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout)
-    try:
-        async for reply in call:
-            return reply
-        return None
-    finally:
-        call.cancel()
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        details = (exc.details() or "").split("\n")[0]
-        return f"{exc.code().name}: {details}" if details else exc.code().name
-    return f"{type(exc).__name__}: {exc}"
 
 
 async def _close_quietly(client: aetcd.Client) -> None:
