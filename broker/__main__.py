@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="directory of the metadata store")
     p.add_argument("--metadata-store-url", default=None,
                    help="etcd://host:port[,host:port] to join a broker cluster (default: SQLite in --data-dir)")
+    p.add_argument("--configuration-metadata-store-url", default=None,
+                   help="etcd://host:port[,...] of the configuration store shared by geo-replicated clusters "
+                        "(clusters, tenants, namespace policies); default: the metadata store")
     p.add_argument("--port", type=int, default=None, help="gRPC port (default 6600; 0 = any free port)")
     p.add_argument("--http-port", type=int, default=None, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
     p.add_argument("--bind-address", default=None)
@@ -38,7 +41,9 @@ def config_from_args(args) -> BrokerConfig:
     data = BrokerConfig.load_toml(args.config) if args.config else {}
     flags = {"cluster_name": args.cluster_name,
              "bookies": [b.strip() for b in args.bookies.split(",") if b.strip()] if args.bookies else None,
-             "data_dir": args.data_dir, "metadata_store_url": args.metadata_store_url, "broker_service_port": args.port, "web_service_port": args.http_port,
+             "data_dir": args.data_dir, "metadata_store_url": args.metadata_store_url,
+             "configuration_metadata_store_url": args.configuration_metadata_store_url,
+             "broker_service_port": args.port, "web_service_port": args.http_port,
              "bind_address": args.bind_address, "advertised_address": args.advertised_address}
     data = {**data, **{k: v for k, v in flags.items() if v is not None}}
     config, problems = BrokerConfig.parse(data, complete=True)

@@ -60,6 +60,9 @@ class BrokerConfig(ManagedLedgerSettings):
     # defaultNumberOfNamespaceBundles, loadBalancer* keys): "" or "sqlite:PATH" = one standalone
     # broker on its own SQLite file; "etcd://host:port[,host:port]" = a broker of a cluster
     metadata_store_url: str = ""
+    # Pulsar's configurationMetadataStoreUrl: clusters, tenants, namespace policies and partitioned
+    # topics shared by several clusters (geo-replication); "" = kept in metadata_store_url's store
+    configuration_metadata_store_url: str = ""
     metadata_store_session_timeout_millis: int = 5000
     default_number_of_namespace_bundles: int = 4
     load_balancer_enabled: bool = True
@@ -174,6 +177,12 @@ class BrokerConfig(ManagedLedgerSettings):
         check("load_balancer_broker_overloaded_threshold_percentage",
               self.load_balancer_broker_overloaded_threshold_percentage >= 0, "must be >= 0")
         check("load_balancer_shedding_interval_minutes", self.load_balancer_shedding_interval_minutes > 0, "must be > 0")
+        if self.configuration_metadata_store_url:
+            try:
+                parse_metadata_store_url(self.configuration_metadata_store_url)
+            except ValueError as exc:
+                problems.append(f"configuration_metadata_store_url = "
+                                f"{_describe(self.configuration_metadata_store_url, bare=True)}: {exc}")
         registered = store_kind == "etcd"  # bookies found under /ledgers/available
         if complete and not self.bookies and "bookies" not in bad and not registered:
             problems.append('bookies is empty: give the bookies as bookies = ["host:port", ...] '

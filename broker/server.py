@@ -73,6 +73,18 @@ class BrokerServer:
         self.metadata = await open_metadata_store(c.metadata_store_url,
                                                   default_sqlite_path=os.path.join(c.data_dir, "metadata.db"),
                                                   session_timeout_ms=c.metadata_store_session_timeout_millis)
+        if c.configuration_metadata_store_url and c.configuration_metadata_store_url != c.metadata_store_url:
+            from broker.metadata.routed_store import RoutedMetadataStore
+            try:
+                configuration = await open_metadata_store(
+                    c.configuration_metadata_store_url,
+                    default_sqlite_path=os.path.join(c.data_dir, "configuration.db"),
+                    session_timeout_ms=c.metadata_store_session_timeout_millis)
+            except BaseException:
+                await self.metadata.close()
+                self.metadata = None
+                raise
+            self.metadata = RoutedMetadataStore(self.metadata, configuration)
         self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024,
                              add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds)
         self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[InvalidFrameInterceptor()])

@@ -470,3 +470,44 @@ async def test_the_leader_sheds_a_bundle_of_an_overloaded_broker(tmp_path, proce
                 await producer.close()
         stored = {t: len(await _read_all(client, t)) for t in topics}
         assert stored == acked, "every acknowledged send stored once, across the move"
+
+
+async def test_a_configuration_store_shared_by_two_clusters(tmp_path, process_tracker):
+    """Pulsar's configurationMetadataStoreUrl: clusters, tenants and namespace policies
+    are written once, against any broker of any cluster, and seen by all; ownership,
+    ledgers and cursors stay in each cluster's own etcd."""
+    from tests.procs import start_etcd
+
+    configuration = start_etcd(tmp_path / "configuration-etcd", tracker=process_tracker)
+    shared = {"configuration_metadata_store_url": configuration.url}
+    east = BrokerCluster(tmp_path / "east", process_tracker, brokers=2, cluster_name="east", config=shared).start()
+    west = BrokerCluster(tmp_path / "west", process_tracker, brokers=2, cluster_name="west", config=shared).start()
+    clusters = await admin_call(west.brokers[1].port, "clusters.list", {})
+    assert {"east", "west"} <= set(clusters)
+    # one change, made once against east, seen by west
+    await admin_call(east.brokers[0].port, "tenants.create", {"tenant": "geo", "allowed_clusters": ["east", "west"]})
+    await admin_call(east.brokers[1].port, "namespaces.create", {"namespace": "geo/ns"})
+    await admin_call(east.brokers[0].port, "namespaces.set_clusters", {"namespace": "geo/ns",
+                                                                       "clusters": ["east", "west"]})
+    policies = await admin_call(west.brokers[0].port, "namespaces.policies", {"namespace": "geo/ns"})
+    assert sorted(policies["replication_clusters"]) == ["east", "west"]
+    topic = "persistent://geo/ns/once"
+    async with AsyncClient(west.service_url, operation_timeout_seconds=60) as wc, \
+            AsyncClient(east.service_url, operation_timeout_seconds=60) as ec:
+        consumer = await wc.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
+        producer = await ec.create_producer(topic)
+        for n in range(50):
+            await producer.send(str(n).encode())
+        got = set()
+        while len(got) < 50:
+            msg = await consumer.receive(timeout_millis=30000)
+            got.add(int(msg.data()))
+            consumer.acknowledge(msg)
+        assert got == set(range(50))
+    # per-cluster state stayed in each cluster's own store
+    bundles_east = await admin_call(east.brokers[0].port, "namespaces.bundles", {"namespace": "geo/ns"})
+    bundles_west = await admin_call(west.brokers[0].port, "namespaces.bundles", {"namespace": "geo/ns"})
+    east_urls = {b.service_url for b in east.brokers}
+    west_urls = {b.service_url for b in west.brokers}
+    assert set(filter(None, bundles_east["owners"].values())) <= east_urls
+    assert set(filter(None, bundles_west["owners"].values())) <= west_urls
