@@ -109,21 +109,44 @@ class BrokerServer:
         log.info("broker of cluster %s serving %s (metrics on :%s)", c.cluster_name, self.service_url, self.http_port)
 
     async def _register_own_cluster(self) -> None:
-        res = self.service.resources
-        try:
-            await res.create_cluster(self.config.cluster_name, self.service_url)
-        except AlreadyExists:
-            current = await res.get_cluster(self.config.cluster_name)
-            url = current.get("service_url") or ""
-            if self.metadata.shared:
-                # one URL for the whole broker cluster: every broker's host in a multi-host URL
-                hosts = [h for h in url.split("://", 1)[-1].split(",") if h] if url else []
-                mine = self.service_url.split("://", 1)[1]
-                if mine not in hosts:
-                    await res.update_cluster(self.config.cluster_name,
-                                             "minipulsar://" + ",".join(hosts + [mine]))
-            elif url != self.service_url:
-                await res.update_cluster(self.config.cluster_name, self.service_url)
+        """Write this cluster's service URL at ``/admin/clusters/<cluster_name>``: this broker's
+        URL for a standalone broker; for a broker of a cluster, one multi-host URL listing every
+        broker's host (this one added). Compare-and-set, retried: brokers starting together
+        neither fail nor drop each other's host."""
+        import json
+
+        from broker.metadata.store import BadVersion
+
+        path = f"/admin/clusters/{self.config.cluster_name}"
+        mine = self.service_url.split("://", 1)[1]
+        for _ in range(50):
+            got = await self.metadata.get(path)
+            if got is None:
+                wanted, version = self.service_url, -1
+            else:
+                try:
+                    data = json.loads(got.value or b"{}")
+                except ValueError:
+                    data = {}
+                url = data.get("service_url") or ""
+                if self.metadata.shared:
+                    hosts = [h for h in url.split("://", 1)[-1].split(",") if h] if url else []
+                    if mine in hosts:
+                        return
+                    wanted = "minipulsar://" + ",".join(hosts + [mine])
+                elif url == self.service_url:
+                    return
+                else:
+                    wanted = self.service_url
+                data["service_url"] = wanted
+                version = got.version
+            value = json.dumps({"service_url": wanted} if version == -1 else data).encode()
+            try:
+                await self.metadata.put(path, value, version)
+                return
+            except BadVersion:
+                continue  # another broker registered meanwhile: read again
+        raise RuntimeError(f"could not register cluster {self.config.cluster_name}: {path} keeps changing")
 
     async def _ensure_default_namespace(self) -> None:
         """A broker cluster's first broker creates tenant ``public`` and namespace
@@ -131,15 +154,17 @@ class BrokerServer:
         standalone do); idempotent, safe when brokers start together."""
         from broker.service.resources import Policies
 
+        from broker.metadata.store import BadVersion
+
         res = self.service.resources
         cluster = self.config.cluster_name
         try:
             await res.create_tenant("public", [cluster])
-        except AlreadyExists:
+        except (AlreadyExists, BadVersion):  # BadVersion: another broker created it just now
             pass
         try:
             await res.create_namespace("public/default", Policies(replication_clusters=[cluster]))
-        except AlreadyExists:
+        except (AlreadyExists, BadVersion):
             pass
 
     async def stop(self) -> None:

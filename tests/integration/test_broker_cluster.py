@@ -511,3 +511,18 @@ async def test_a_configuration_store_shared_by_two_clusters(tmp_path, process_tr
     west_urls = {b.service_url for b in west.brokers}
     assert set(filter(None, bundles_east["owners"].values())) <= east_urls
     assert set(filter(None, bundles_west["owners"].values())) <= west_urls
+
+
+def test_brokers_starting_together_all_register_in_the_cluster_url(tmp_path, process_tracker):
+    """Brokers of one cluster started at the same moment: none fails on the cluster
+    registration race, and the cluster's URL lists every one of them."""
+    import asyncio as aio
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = BrokerCluster(tmp_path, process_tracker, brokers=0, bookies=2)
+    c.start()
+    with ThreadPoolExecutor(4) as pool:
+        c.brokers = list(pool.map(c.start_broker, range(4)))
+    cluster = aio.run(admin_call(c.brokers[0].port, "clusters.get", {"name": c.cluster_name}))
+    hosts = set(cluster["service_url"].split("://")[1].split(","))
+    assert hosts == {f"127.0.0.1:{b.port}" for b in c.brokers}
