@@ -526,3 +526,23 @@ def test_brokers_starting_together_all_register_in_the_cluster_url(tmp_path, pro
     cluster = aio.run(admin_call(c.brokers[0].port, "clusters.get", {"name": c.cluster_name}))
     hosts = set(cluster["service_url"].split("://")[1].split(","))
     assert hosts == {f"127.0.0.1:{b.port}" for b in c.brokers}
+
+
+async def test_a_stream_opened_on_a_broker_that_does_not_own_the_topic_is_told_to_look_up_again(cluster2):
+    c = cluster2
+    topic = "persistent://public/default/not-here"
+    owner = await owner_of(c, topic)
+    other = next(b for b in c.brokers if b.service_url != owner)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{other.port}") as ch:
+        call = PulsarBrokerStub(ch).Produce()
+        await call.write(pb.ProducerRequest(create=pb.CreateProducer(topic=topic, producer_name="raw")))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            resp = await call.read()
+            assert resp is grpc.aio.EOF or not resp.HasField("success")
+            raise AssertionError(f"the non-owner answered {resp}")
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "ServiceNotReady" in info.value.details() and "look it up again" in info.value.details()
+    # the owner still serves it, and the Lookup RPC of the non-owner names the owner
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{other.port}") as ch:
+        resp = await PulsarBrokerStub(ch).Lookup(pb.LookupRequest(topic=topic))
+    assert resp.broker_service_url == owner and resp.response == pb.LookupResponse.CONNECT
