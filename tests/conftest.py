@@ -15,7 +15,7 @@ from tests.procs import BookieProcess, ProcessTracker, start_bookie
 
 # Test modules that use the shared SparkSession (tests.spark.fixtures.spark_session).
 _SPARK_MODULES = ("test_spark_geo.py", "test_spark_sink.py", "test_spark_source.py", "test_spark_source_chunks.py",
-                  "test_spark_source_loss.py")
+                  "test_spark_source_loss.py", "test_spark_cluster.py")
 
 
 def pytest_collection_finish(session):
