@@ -72,7 +72,7 @@ class NamespaceService:
         self._owners: dict[str, tuple] = {}       # ownership path -> (owner URL, monotonic s when read)
         self._pending: dict[str, int] = {}        # leader: bundles assigned per broker since its last report
         self._tasks: list[asyncio.Task] = []
-        self._hook_tasks: set[asyncio.Task] = set()
+        self._hook_tasks: set[asyncio.Task] = set()   # background tasks (hooks, re-election, drops)
         self._acquiring: dict[str, asyncio.Future] = {}
         self.instance_id = uuid.uuid4().hex  # this process's id in its ownership nodes
         self._unwatch = []
@@ -99,7 +99,7 @@ class NamespaceService:
         """Stop the loops and give up every owned bundle (their topics must be closed
         first: ``BrokerService.close`` does it), the broker registration and leadership."""
         self._closed = True
-        for task in self._tasks:
+        for task in [*self._tasks, *self._hook_tasks]:
             task.cancel()
         for cancel in self._unwatch:
             cancel()
@@ -299,6 +299,12 @@ class NamespaceService:
         finally:
             self._acquiring.pop(key, None)
 
+    def _spawn(self, coro) -> None:
+        """Run ``coro`` in the background, keeping a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._hook_tasks.add(task)
+        task.add_done_callback(self._hook_tasks.discard)
+
     def _node_value(self) -> bytes:
         # brokerId tells this process's nodes from those of an earlier process on the same address
         return json.dumps({"nativeUrl": self.service_url, "brokerId": self.instance_id,
@@ -323,9 +329,7 @@ class NamespaceService:
         log.info("now owns bundle %s", bundle)
         hook = getattr(self.service, "on_bundle_owned", None)
         if hook is not None:
-            task = asyncio.get_running_loop().create_task(hook(bundle))
-            self._hook_tasks.add(task)
-            task.add_done_callback(self._hook_tasks.discard)
+            self._spawn(hook(bundle))
 
     async def _take_stale(self, bundle: Bundle) -> str:
         """The ownership node names this broker's address: a node of an earlier process on
@@ -544,14 +548,14 @@ class NamespaceService:
         if n.path == LEADER_PATH:
             if n.type == "deleted" and not self._closed:
                 self.is_leader = False
-                asyncio.get_running_loop().create_task(self._elect())
+                self._spawn(self._elect())
             return
         if n.type == "deleted":
             for key, bundle in list(self.owned.items()):
                 if self.ownership_path(bundle) == n.path and key not in self.unloading:
                     # our node vanished (session lost, or removed by an operator): stop serving it
                     log.warning("lost ownership of bundle %s: closing its topics", bundle)
-                    asyncio.get_running_loop().create_task(self._drop_bundle(key))
+                    self._spawn(self._drop_bundle(key))
 
     async def _drop_bundle(self, key: str) -> None:
         bundle = self.owned.get(key)
