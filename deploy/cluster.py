@@ -35,7 +35,7 @@ from deploy.cluster_plan import (HOST, READY_PREFIX, STATE_FILE, ClusterError, C
 from deploy.console import table
 
 __all__ = ["add_arguments", "run_from_args", "main", "load_state", "save_state", "find_etcd",
-           "start_processes", "stop_processes", "running_pid", "process_status"]
+           "start_processes", "stop_processes", "running_pid", "process_status", "etcd_healthy"]
 
 DEFAULT_DATA_DIR = "data/cluster"
 READY_TIMEOUT_S = 60.0
@@ -143,9 +143,10 @@ def _port_open(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _etcd_healthy(port: int) -> bool:
+def etcd_healthy(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
+    """True when the etcd serving clients on ``host:port`` answers ``/health`` with health true."""
     try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=timeout) as r:
             return b'"true"' in r.read()
     except (OSError, ValueError):
         return False
@@ -184,7 +185,7 @@ def _ready(data: Path, p: ClusterProcess, offset: int) -> bool:
     """True once ``p`` serves: etcd answers /health, a bookie/broker printed its ready
     line since ``offset`` (the ports it reports are recorded in ``p``)."""
     if p.kind == "etcd":
-        return _etcd_healthy(p.port)
+        return etcd_healthy(p.port)
     with open(_log(data, p), "rb") as f:
         f.seek(offset)
         found = parse_ready_line(READY_PREFIX[p.kind], f.read().decode(errors="replace"))
@@ -283,7 +284,7 @@ def process_status(data: Path, p: ClusterProcess) -> tuple[bool, str]:
         return False, "dead"
     if not p.port:
         return False, "alive, port unknown (never got ready)"
-    ok = _etcd_healthy(p.port) if p.kind == "etcd" else _port_open(p.port)
+    ok = etcd_healthy(p.port) if p.kind == "etcd" else _port_open(p.port)
     return (True, "alive") if ok else (False, f"alive, not answering on port {p.port}")
 
 

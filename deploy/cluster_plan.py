@@ -268,11 +268,11 @@ def etcd_url(port: int, host: str = HOST) -> str:
     return f"etcd://{host}:{port}"
 
 
-def etcd_command(binary: str, data_dir: str, client_port: int, peer_port: int) -> list[str]:
+def etcd_command(binary: str, data_dir: str, client_port: int, peer_port: int, host: str = HOST) -> list[str]:
     """argv of a single-member etcd server (Debian's etcd-server) serving clients on
-    ``client_port`` and peers on ``peer_port`` of 127.0.0.1, data in ``data_dir``."""
-    client = f"http://{HOST}:{client_port}"
-    peer = f"http://{HOST}:{peer_port}"
+    ``client_port`` and peers on ``peer_port`` of ``host`` (127.0.0.1), data in ``data_dir``."""
+    client = f"http://{host}:{client_port}"
+    peer = f"http://{host}:{peer_port}"
     return [binary, "--name", "default", "--data-dir", data_dir,
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
