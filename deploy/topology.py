@@ -1,5 +1,6 @@
-"""Geo topology files (``deploy/geo.toml``): clusters, their processes and
-ports, and the tenants/namespaces/topics to create in every cluster.
+"""Geo topology files (``deploy/geo.toml``): the broker clusters, their
+processes and ports, the configuration store they share, and the
+tenants/namespaces/topics to create.
 
 A topology is loaded and checked as a whole before anything starts, so that a
 typo gives one clear error instead of a half-started demo. The same
@@ -7,25 +8,43 @@ typo gives one clear error instead of a half-started demo. The same
 
 * ``minipulsar geo up``: local processes listening on ``host`` (default 127.0.0.1),
 * ``minipulsar geo compose``: a docker-compose file, one container per process
-  (service names ``bookie-<cluster>-<i>`` and ``broker-<cluster>``),
-* ``minipulsar geo setup``: the admin calls registering the clusters with each
-  other and creating tenants, namespaces and topics (shared by both).
+  (services ``etcd-<cluster>``, ``bookie-<cluster>-<i>``, ``broker-<cluster>-<i>``,
+  ``etcd-configuration``),
+* ``minipulsar geo setup``: the admin calls registering the clusters and
+  creating tenants, namespaces and topics (shared by both).
+
+Each cluster is a Pulsar broker cluster: its own etcd (the metadata store:
+bundle ownership, managed ledgers, cursors, load reports), its bookies, and
+several brokers sharing both. With a ``[configuration_store]`` (Pulsar's
+``configurationMetadataStoreUrl``, its own etcd) the cluster list, tenants,
+namespace policies and partitioned topics live once for all clusters: a
+change made through any broker of any cluster is seen by all. Without it,
+each cluster keeps its own and ``geo setup`` configures every cluster.
 
 File format (every table and key is optional unless marked)::
 
     host = "127.0.0.1"              # where local processes listen and are advertised
     journal_sync = true             # bookies fsync before acknowledging
-    write_quorum = 2                # Qw; the ensemble is every bookie of the cluster
+    ensemble_size = 2               # E: bookies per ledger (of the cluster's bookies)
+    write_quorum = 2                # Qw
     ack_quorum = 2                  # Qa
 
     [broker]                        # extra BrokerConfig keys for every broker
     replicated_subscriptions_snapshot_frequency_millis = 1000
 
+    [configuration_store]           # one etcd shared by every cluster
+    etcd_port = 2390                # required in the table: client port
+    etcd_peer_port = 2391           # default etcd_port + 1
+
     [[clusters]]                    # required, one table per cluster
     name = "us-east"                # required: lower-case letters, digits, '-'
-    broker_port = 6600              # required: gRPC (service URL minipulsar://host:port)
-    http_port = 8080                # /metrics; -1 = off
-    bookie_ports = [3181, 3182]     # required: one bookie per port
+    brokers = 2                     # default 2 (or the length of broker_ports)
+    broker_ports = [6600, 6610]     # gRPC, one per broker; or broker_port = 6600: broker i on 6600 + 10*i
+    http_ports = [8080, 8090]       # /metrics, one per broker; or http_port = 8080 (+ 10*i); -1 / absent = off
+    bookies = 3                     # default 3 (or the length of bookie_ports)
+    bookie_ports = [3181, 3182, 3183]   # or bookie_port = 3181: bookie i on 3181 + i
+    etcd_port = 2392                # required: the cluster's metadata store (client port)
+    etcd_peer_port = 2393           # default etcd_port + 1
 
     [[tenants]]
     name = "geo"
@@ -50,55 +69,100 @@ File format (every table and key is optional unless marked)::
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-__all__ = ["TopologyError", "ClusterSpec", "TenantSpec", "NamespaceSpec", "TopicSpec", "DemoSpec", "Topology",
-           "load_topology", "parse_topology", "DEFAULT_TOPOLOGY", "busy_ports"]
+__all__ = ["TopologyError", "EtcdSpec", "BrokerSpec", "ClusterSpec", "TenantSpec", "NamespaceSpec", "TopicSpec",
+           "DemoSpec", "Topology", "load_topology", "parse_topology", "DEFAULT_TOPOLOGY", "busy_ports",
+           "CONFIGURATION_STORE", "DEFAULT_BROKERS", "DEFAULT_BOOKIES", "BROKER_PORT_STRIDE", "port_variable"]
 
 DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "geo.toml"
+CONFIGURATION_STORE = "configuration-store"     # the pseudo-cluster name of the shared etcd (process labels)
+DEFAULT_BROKERS = 2
+DEFAULT_BOOKIES = 3
+BROKER_PORT_STRIDE = 10                          # broker_port = P: broker i listens on P + 10*i
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.=-]+$")
 # BrokerConfig keys the topology itself decides; [broker] may not set them
 _RESERVED_BROKER_KEYS = {"cluster_name", "bookies", "data_dir", "broker_service_port", "web_service_port",
                          "bind_address", "advertised_address", "managed_ledger_default_ensemble_size",
-                         "managed_ledger_default_write_quorum", "managed_ledger_default_ack_quorum"}
+                         "managed_ledger_default_write_quorum", "managed_ledger_default_ack_quorum",
+                         "metadata_store_url", "configuration_metadata_store_url"}
 
 
 class TopologyError(ValueError):
     """A topology file is unreadable or inconsistent; the message lists every problem."""
 
 
+def port_variable(cluster: str, index: int) -> str:
+    """The environment variable that moves broker ``index`` of ``cluster`` to another port in
+    docker-compose (``MINIPULSAR_PORT_US_EAST_0``): the broker listens on it inside the stack
+    and it is published on the same 127.0.0.1 port, so the addresses lookups answer work
+    from the host too."""
+    return f"MINIPULSAR_PORT_{cluster.upper().replace('-', '_')}_{index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdSpec:
+    """One single-member etcd server: client ``port`` and ``peer_port``."""
+
+    port: int
+    peer_port: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerSpec:
+    """One broker of a cluster: gRPC ``port`` (its service URL) and ``http_port`` (-1 = off)."""
+
+    port: int
+    http_port: int = -1
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
-    """One cluster: a broker and its bookies."""
+    """One broker cluster: its brokers, bookies and etcd (metadata store), and the
+    quorums of its ledgers (E bookies of the cluster's, Qw, Qa)."""
 
     name: str
-    broker_port: int
-    http_port: int
+    brokers: tuple[BrokerSpec, ...]
     bookie_ports: tuple[int, ...]
-    write_quorum: int
-    ack_quorum: int
+    etcd: EtcdSpec
+    ensemble_size: int = 2
+    write_quorum: int = 2
+    ack_quorum: int = 2
+
+    @property
+    def broker_ports(self) -> list[int]:
+        """The brokers' gRPC ports, in broker order."""
+        return [b.port for b in self.brokers]
 
     def ports(self) -> list[tuple[str, int]]:
         """Every TCP port this cluster listens on, as ``(what, port)``."""
-        out = [(f"{self.name} broker_port", self.broker_port)]
-        if self.http_port > 0:
-            out.append((f"{self.name} http_port", self.http_port))
+        out = [(f"{self.name} etcd_port", self.etcd.port), (f"{self.name} etcd_peer_port", self.etcd.peer_port)]
         out += [(f"{self.name} bookie_ports[{i}]", p) for i, p in enumerate(self.bookie_ports)]
+        for i, b in enumerate(self.brokers):
+            out.append((f"{self.name} broker_ports[{i}]", b.port))
+            if b.http_port > 0:
+                out.append((f"{self.name} http_ports[{i}]", b.http_port))
         return out
+
+    # docker-compose service names
+    @property
+    def etcd_service(self) -> str:
+        """docker-compose service name of the cluster's etcd."""
+        return f"etcd-{self.name}"
 
     def bookie_service(self, index: int) -> str:
         """docker-compose service name of bookie ``index``."""
         return f"bookie-{self.name}-{index}"
 
-    @property
-    def broker_service(self) -> str:
-        """docker-compose service name of the broker."""
-        return f"broker-{self.name}"
+    def broker_service(self, index: int) -> str:
+        """docker-compose service name of broker ``index``."""
+        return f"broker-{self.name}-{index}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +227,7 @@ class Topology:
     host: str = "127.0.0.1"
     journal_sync: bool = True
     broker_settings: tuple[tuple[str, Any], ...] = ()
+    configuration_store: EtcdSpec | None = None
     source: str = "<string>"
 
     # ---- lookups -------------------------------------------------------------
@@ -179,38 +244,84 @@ class Topology:
         return [c.name for c in self.clusters]
 
     def layout_key(self) -> list[tuple]:
-        """What must not change between two ``geo up`` on the same data dir:
-        cluster names and ports (ledger metadata names bookies by address)."""
-        return [(c.name, c.broker_port, c.http_port, c.bookie_ports) for c in self.clusters]
+        """What must not change between two ``geo up`` on the same data dir: cluster
+        names and every port (ledger metadata names bookies by address, etcd keeps its
+        member's peer URL, clients keep their service URLs)."""
+        cs = self.configuration_store
+        return [("configuration-store", cs.port if cs else None, cs.peer_port if cs else None)] + \
+            [(c.name, tuple(c.ports())) for c in self.clusters]
+
+    def ports(self) -> list[tuple[str, int]]:
+        """Every TCP port of every process, as ``(what, port)``."""
+        out = []
+        if self.configuration_store is not None:
+            out += [("configuration_store etcd_port", self.configuration_store.port),
+                    ("configuration_store etcd_peer_port", self.configuration_store.peer_port)]
+        for c in self.clusters:
+            out += c.ports()
+        return out
+
+    def with_broker_ports(self, env: Mapping[str, str] | None = None) -> "Topology":
+        """This topology with each broker's gRPC port taken from the environment variable
+        :func:`port_variable` when it is set (docker-compose moves the published ports with
+        them); ``env`` defaults to ``os.environ``. Raises TopologyError for a bad value."""
+        env = os.environ if env is None else env
+        clusters = []
+        for c in self.clusters:
+            brokers = []
+            for i, b in enumerate(c.brokers):
+                raw = env.get(port_variable(c.name, i), "").strip()
+                if raw:
+                    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+                        raise TopologyError(f"{port_variable(c.name, i)}={raw!r} is not a TCP port")
+                    b = dataclasses.replace(b, port=int(raw))
+                brokers.append(b)
+            clusters.append(dataclasses.replace(c, brokers=tuple(brokers)))
+        return dataclasses.replace(self, clusters=tuple(clusters))
 
     # ---- addresses -----------------------------------------------------------------
-    def service_url(self, cluster: str, compose: bool = False) -> str:
-        """The broker's service URL: local (``minipulsar://host:port``) or, with
-        ``compose``, as other containers reach it (``minipulsar://broker-<name>:port``)."""
-        c = self.cluster(cluster)
-        host = c.broker_service if compose else self.host
-        return f"minipulsar://{host}:{c.broker_port}"
+    def broker_url(self, cluster: str, index: int) -> str:
+        """The service URL of one broker: ``minipulsar://host:port``."""
+        return f"minipulsar://{self.host}:{self.cluster(cluster).brokers[index].port}"
 
-    def bookie_addresses(self, cluster: str, compose: bool = False) -> list[str]:
-        """``host:port`` of the cluster's bookies (compose: service names)."""
+    def service_url(self, cluster: str) -> str:
+        """The cluster's multi-host service URL naming every broker, as Pulsar's
+        ``pulsar://h1:p1,h2:p2``: ``minipulsar://127.0.0.1:6600,127.0.0.1:6610``."""
         c = self.cluster(cluster)
-        if compose:
-            return [f"{c.bookie_service(i)}:{p}" for i, p in enumerate(c.bookie_ports)]
-        return [f"{self.host}:{p}" for p in c.bookie_ports]
+        return "minipulsar://" + ",".join(f"{self.host}:{b.port}" for b in c.brokers)
 
-    def broker_config(self, cluster: str, data_dir: str, compose: bool = False):
-        """The ``broker.config.BrokerConfig`` of the cluster's broker: ensemble =
-        all its bookies, the topology's Qw/Qa, ``[broker]`` settings on top."""
+    def bookie_addresses(self, cluster: str) -> list[str]:
+        """``host:port`` of the cluster's bookies."""
+        return [f"{self.host}:{p}" for p in self.cluster(cluster).bookie_ports]
+
+    def metadata_store_url(self, cluster: str) -> str:
+        """The cluster's metadata store: ``etcd://host:<etcd client port>``."""
+        return f"etcd://{self.host}:{self.cluster(cluster).etcd.port}"
+
+    @property
+    def configuration_store_url(self) -> str:
+        """The shared configuration store ``etcd://host:port``, or "" when there is none."""
+        cs = self.configuration_store
+        return f"etcd://{self.host}:{cs.port}" if cs else ""
+
+    def broker_config(self, cluster: str, index: int, data_dir: str, bind_address: str | None = None):
+        """The ``broker.config.BrokerConfig`` of broker ``index`` of ``cluster``: its ports,
+        the cluster's etcd as metadata store, the shared configuration store, every bookie
+        of the cluster (ensembles of E of them), the topology's E/Qw/Qa and ``[broker]``
+        settings on top. ``bind_address`` defaults to ``host`` (containers bind 0.0.0.0
+        and advertise ``host``)."""
         from broker.config import BrokerConfig
 
         c = self.cluster(cluster)
+        b = c.brokers[index]
         values = dict(self.broker_settings)
         values.update(
-            cluster_name=c.name, bookies=self.bookie_addresses(cluster, compose), data_dir=str(data_dir),
-            broker_service_port=c.broker_port, web_service_port=c.http_port,
-            bind_address="0.0.0.0" if compose else self.host,
-            advertised_address=c.broker_service if compose else self.host,
-            managed_ledger_default_ensemble_size=len(c.bookie_ports),
+            cluster_name=c.name, bookies=self.bookie_addresses(cluster), data_dir=str(data_dir),
+            broker_service_port=b.port, web_service_port=b.http_port,
+            bind_address=bind_address or self.host, advertised_address=self.host,
+            metadata_store_url=self.metadata_store_url(cluster),
+            configuration_metadata_store_url=self.configuration_store_url,
+            managed_ledger_default_ensemble_size=c.ensemble_size,
             managed_ledger_default_write_quorum=c.write_quorum,
             managed_ledger_default_ack_quorum=c.ack_quorum)
         return BrokerConfig.from_dict(values)
@@ -246,8 +357,11 @@ def busy_ports(ports: list[tuple[str, int]], host: str = "127.0.0.1") -> list[tu
 class _Checker:
     """Builds a Topology from parsed TOML, collecting every problem."""
 
-    TOP_KEYS = {"host", "journal_sync", "write_quorum", "ack_quorum", "broker", "clusters", "tenants",
-                "namespaces", "topics", "demo"}
+    TOP_KEYS = {"host", "journal_sync", "ensemble_size", "write_quorum", "ack_quorum", "broker",
+                "configuration_store", "clusters", "tenants", "namespaces", "topics", "demo"}
+    CLUSTER_KEYS = {"name", "brokers", "broker_ports", "broker_port", "http_ports", "http_port", "bookies",
+                    "bookie_ports", "bookie_port", "etcd_port", "etcd_peer_port", "ensemble_size", "write_quorum",
+                    "ack_quorum"}
 
     def __init__(self, data: dict, source: str):
         self.data = data
@@ -296,13 +410,13 @@ class _Checker:
         if not isinstance(journal_sync, bool):
             self.err(f"journal_sync must be true or false, got {journal_sync!r}")
             journal_sync = True
-        qw = self._int(d.get("write_quorum", 2), "write_quorum", 1) or 2
-        qa = self._int(d.get("ack_quorum", 2), "ack_quorum", 1) or 2
-        if qa > qw:
-            self.err(f"ack_quorum ({qa}) must not exceed write_quorum ({qw})")
-        clusters = self._clusters(d.get("clusters"), qw, qa)
+        quorums = (self._int(d.get("ensemble_size", 2), "ensemble_size", 1) or 2,
+                   self._int(d.get("write_quorum", 2), "write_quorum", 1) or 2,
+                   self._int(d.get("ack_quorum", 2), "ack_quorum", 1) or 2)
+        config_store = self._configuration_store(d.get("configuration_store"))
+        clusters = self._clusters(d.get("clusters"), quorums)
         names = [c.name for c in clusters]
-        self._port_clashes(clusters)
+        self._port_clashes(clusters, config_store)
         tenants = self._tenants(d.get("tenants", []), names)
         namespaces = self._namespaces(d.get("namespaces", []), names, tenants)
         topics = self._topics(d.get("topics", []), namespaces)
@@ -312,11 +426,67 @@ class _Checker:
             raise TopologyError(f"{self.source}: {len(self.errors)} problem(s):\n  - " + "\n  - ".join(self.errors))
         return Topology(clusters=tuple(clusters), tenants=tuple(tenants), namespaces=tuple(namespaces),
                         topics=tuple(topics), demo=demo, host=host, journal_sync=journal_sync,
-                        broker_settings=tuple(sorted(broker.items())), source=self.source)
+                        broker_settings=tuple(sorted(broker.items())), configuration_store=config_store,
+                        source=self.source)
 
-    def _clusters(self, raw: Any, qw: int, qa: int) -> list[ClusterSpec]:
+    def _etcd(self, table: dict, where: str, required: bool = True) -> EtcdSpec | None:
+        if "etcd_port" not in table:
+            if required:
+                self.err(f"{where}: etcd_port is missing (the client port of its etcd; "
+                         f"etcd_peer_port defaults to etcd_port + 1)")
+            return None
+        port = self._port(table["etcd_port"], f"{where}: etcd_port")
+        if port is None:
+            return None
+        peer = self._port(table.get("etcd_peer_port", port + 1), f"{where}: etcd_peer_port")
+        if peer is None:
+            return None
+        if peer == port:
+            self.err(f"{where}: etcd_peer_port must differ from etcd_port ({port})")
+            return None
+        return EtcdSpec(port, peer)
+
+    def _configuration_store(self, raw: Any) -> EtcdSpec | None:
+        if raw is None:
+            return None
+        t = self._keys(raw, {"etcd_port", "etcd_peer_port"}, "[configuration_store]")
+        return self._etcd(t, "[configuration_store]") if t else None
+
+    def _port_list(self, c: dict, where: str, list_key: str, base_key: str, count: int | None, stride: int,
+                   required: bool) -> list[int | None] | None:
+        """Ports from ``list_key`` (explicit) or ``base_key`` + stride*i for ``count`` processes."""
+        if list_key in c:
+            ports = c[list_key]
+            if not isinstance(ports, list) or not ports:
+                self.err(f"{where}: {list_key} must be a non-empty list of ports")
+                return None
+            if base_key in c:
+                self.err(f"{where}: give {list_key} or {base_key}, not both")
+            return [self._port(p, f"{where}: {list_key}[{k}]") for k, p in enumerate(ports)]
+        if base_key in c:
+            base = self._port(c[base_key], f"{where}: {base_key}")
+            if base is None:
+                return None
+            n = count or 1
+            if base + stride * (n - 1) > 65535:
+                self.err(f"{where}: {base_key} = {base} leaves no room for {n} process(es) ({stride} apart)")
+                return None
+            return [base + stride * i for i in range(n)]
+        if required:
+            self.err(f"{where}: {list_key} is missing (or {base_key} = first port)")
+        return None
+
+    def _count(self, c: dict, key: str, where: str, default: int, ports: list | None, list_key: str) -> int | None:
+        if key not in c:
+            return len(ports) if ports else default
+        n = self._int(c[key], f"{where}: {key}", 1, 64)
+        if n is not None and ports is not None and list_key in c and len(ports) != n:
+            self.err(f"{where}: {key} = {n} but {list_key} lists {len(ports)} port(s)")
+        return n
+
+    def _clusters(self, raw: Any, quorums: tuple[int, int, int]) -> list[ClusterSpec]:
         if not raw:
-            self.err("no [[clusters]]: define at least one cluster (name, broker_port, bookie_ports)")
+            self.err("no [[clusters]]: define at least one cluster (name, broker_ports, bookie_ports, etcd_port)")
             return []
         if not isinstance(raw, list):
             self.err("clusters must be an array of tables ([[clusters]])")
@@ -324,8 +494,7 @@ class _Checker:
         out, seen = [], set()
         for i, c in enumerate(raw):
             where = f"clusters[{i}]"
-            c = self._keys(c, {"name", "broker_port", "http_port", "bookie_ports", "write_quorum", "ack_quorum"},
-                           where)
+            c = self._keys(c, self.CLUSTER_KEYS, where)
             name = c.get("name")
             if not isinstance(name, str) or not _NAME.match(name):
                 self.err(f"{where}: name must be lower-case letters, digits and '-' (got {name!r})")
@@ -335,35 +504,57 @@ class _Checker:
                 self.err(f"cluster name {name!r} is defined twice")
                 continue
             seen.add(name)
-            if "broker_port" not in c:
-                self.err(f"{where}: broker_port is missing")
-            broker_port = self._port(c.get("broker_port"), f"{where}: broker_port") if "broker_port" in c else None
-            http_port = c.get("http_port", -1)
-            http_port = -1 if http_port == -1 else self._port(http_port, f"{where}: http_port (or -1 = off)")
-            ports = c.get("bookie_ports")
-            if not isinstance(ports, list) or not ports:
-                self.err(f"{where}: bookie_ports must be a non-empty list of ports")
-                ports = []
-            bookie_ports = [self._port(p, f"{where}: bookie_ports[{k}]") for k, p in enumerate(ports)]
-            cqw = self._int(c.get("write_quorum", qw), f"{where}: write_quorum", 1) or qw
-            cqa = self._int(c.get("ack_quorum", qa), f"{where}: ack_quorum", 1) or qa
-            if ports and cqw > len(ports):
-                self.err(f"{where}: write_quorum {cqw} needs at least {cqw} bookies, it has {len(ports)}")
-            if cqa > cqw:
-                self.err(f"{where}: ack_quorum ({cqa}) must not exceed write_quorum ({cqw})")
-            if broker_port is None or http_port is None or None in bookie_ports:
+            n_brokers = c.get("brokers") if isinstance(c.get("brokers"), int) else DEFAULT_BROKERS
+            broker_ports = self._port_list(c, where, "broker_ports", "broker_port", n_brokers, BROKER_PORT_STRIDE,
+                                           True)
+            n_brokers = self._count(c, "brokers", where, DEFAULT_BROKERS, broker_ports, "broker_ports")
+            if n_brokers is not None and broker_ports is not None and "broker_ports" not in c:
+                broker_ports = broker_ports[:n_brokers]
+            n_http = len(broker_ports) if broker_ports else (n_brokers or 1)
+            http_ports: list | None
+            if c.get("http_port") == -1 and "http_ports" not in c:
+                http_ports = [-1] * n_http
+            else:
+                http_ports = self._port_list(c, where, "http_ports", "http_port", n_http, BROKER_PORT_STRIDE,
+                                             False)
+                if http_ports is None and "http_ports" not in c and "http_port" not in c:
+                    http_ports = [-1] * n_http
+            if http_ports is not None and broker_ports is not None and len(http_ports) != len(broker_ports):
+                self.err(f"{where}: http_ports lists {len(http_ports)} port(s) for {len(broker_ports)} broker(s)")
+                http_ports = None
+            n_bookies = c.get("bookies") if isinstance(c.get("bookies"), int) else DEFAULT_BOOKIES
+            bookie_ports = self._port_list(c, where, "bookie_ports", "bookie_port", n_bookies, 1, True)
+            self._count(c, "bookies", where, DEFAULT_BOOKIES, bookie_ports, "bookie_ports")
+            etcd = self._etcd(c, where)
+            e = self._int(c.get("ensemble_size", quorums[0]), f"{where}: ensemble_size", 1) or quorums[0]
+            qw = self._int(c.get("write_quorum", quorums[1]), f"{where}: write_quorum", 1) or quorums[1]
+            qa = self._int(c.get("ack_quorum", quorums[2]), f"{where}: ack_quorum", 1) or quorums[2]
+            if bookie_ports and e > len(bookie_ports):
+                self.err(f"{where}: ensemble_size {e} needs at least {e} bookies, it has {len(bookie_ports)}")
+            if qw > e:
+                self.err(f"{where}: write_quorum ({qw}) must not exceed ensemble_size ({e})")
+            if qa > qw:
+                self.err(f"{where}: ack_quorum ({qa}) must not exceed write_quorum ({qw})")
+            if (broker_ports is None or http_ports is None or bookie_ports is None or etcd is None
+                    or None in broker_ports or None in http_ports or None in bookie_ports):
                 continue
-            out.append(ClusterSpec(name, broker_port, http_port, tuple(bookie_ports), cqw, cqa))
+            brokers = tuple(BrokerSpec(p, h) for p, h in zip(broker_ports, http_ports))
+            out.append(ClusterSpec(name, brokers, tuple(bookie_ports), etcd, e, qw, qa))
         return out
 
-    def _port_clashes(self, clusters: list[ClusterSpec]) -> None:
+    def _port_clashes(self, clusters: list[ClusterSpec], config_store: EtcdSpec | None) -> None:
         owners: dict[int, list[str]] = {}
+        whats = []
+        if config_store is not None:
+            whats += [("configuration_store etcd_port", config_store.port),
+                      ("configuration_store etcd_peer_port", config_store.peer_port)]
         for c in clusters:
-            for what, port in c.ports():
-                owners.setdefault(port, []).append(what)
-        for port, whats in sorted(owners.items()):
-            if len(whats) > 1:
-                self.err(f"port {port} is used more than once: {' and '.join(whats)}; give each process its own port")
+            whats += c.ports()
+        for what, port in whats:
+            owners.setdefault(port, []).append(what)
+        for port, names in sorted(owners.items()):
+            if len(names) > 1:
+                self.err(f"port {port} is used more than once: {' and '.join(names)}; give each process its own port")
 
     def _tenants(self, raw: Any, names: list[str]) -> list[TenantSpec]:
         out = []

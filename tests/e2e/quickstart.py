@@ -2,8 +2,10 @@
 (`geo up`) and containerized (docker-compose) clusters.
 
 ``README_SNIPPET`` is the canonical text; when README.md carries the
-quickstart (a python block using ``minipulsar://127.0.0.1:6600``) the tests run
-README's own copy instead, so the documentation cannot drift from what works.
+quickstart (a python block using the multi-host service URLs of us-east and
+us-west, ``minipulsar://127.0.0.1:6600,127.0.0.1:6610`` and
+``minipulsar://127.0.0.1:6601,127.0.0.1:6611``) the tests run README's own copy
+instead, so the documentation cannot drift from what works.
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+EAST = "minipulsar://127.0.0.1:6600,127.0.0.1:6610"
+WEST = "minipulsar://127.0.0.1:6601,127.0.0.1:6611"
+SNIPPET_PORTS = (6600, 6610, 6601, 6611)        # us-east's two brokers, us-west's two brokers
 
 README_SNIPPET = '''\
 from client import Client, InitialPosition
 
-east = Client("minipulsar://127.0.0.1:6600")   # cluster us-east
-west = Client("minipulsar://127.0.0.1:6601")   # cluster us-west
+east = Client("minipulsar://127.0.0.1:6600,127.0.0.1:6610")   # cluster us-east: any of its brokers
+west = Client("minipulsar://127.0.0.1:6601,127.0.0.1:6611")   # cluster us-west
 topic = "persistent://geo/flights/hello"
 consumer = west.subscribe(topic, "hello", initial_position=InitialPosition.Earliest)
 east.create_producer(topic).send(b"hello from us-east")
@@ -37,16 +42,18 @@ def snippet() -> str:
     except OSError:
         return README_SNIPPET
     for block in re.findall(r"```python\n(.*?)```", readme, re.S):
-        if "minipulsar://127.0.0.1:6600" in block and "minipulsar://127.0.0.1:6601" in block:
+        if EAST in block and WEST in block:
             return block
     return README_SNIPPET
 
 
-def run_snippet(east_port: int, west_port: int, timeout: float = 90) -> str:
-    """Run the snippet with the two clusters' real ports; returns its stdout
-    (AssertionError with the output when it fails)."""
-    code = snippet().replace("127.0.0.1:6600", f"127.0.0.1:{east_port}").replace("127.0.0.1:6601",
-                                                                                  f"127.0.0.1:{west_port}")
+def run_snippet(ports: dict[int, int], timeout: float = 90) -> str:
+    """Run the snippet with the clusters' real ports (``ports``: the snippet's port ->
+    the real one, for 6600, 6610, 6601 and 6611); returns its stdout (AssertionError
+    with the output when it fails)."""
+    code = snippet()
+    pattern = re.compile(r"127\.0\.0\.1:(" + "|".join(str(p) for p in SNIPPET_PORTS) + r")\b")
+    code = pattern.sub(lambda m: f"127.0.0.1:{ports[int(m.group(1))]}", code)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,

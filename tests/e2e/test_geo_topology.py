@@ -17,14 +17,25 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_default_topology_is_the_issue_layout():
+    """Three broker clusters: each its etcd, three bookies (E=2 Qw=2 Qa=2) and two
+    brokers; one configuration-store etcd shared by all."""
     topo = load_topology()
     assert topo.names == ["us-east", "us-west", "eu-central"]
+    assert topo.configuration_store is not None
+    assert topo.configuration_store_url == f"etcd://127.0.0.1:{topo.configuration_store.port}"
     for c in topo.clusters:
-        assert len(c.bookie_ports) == 2 and c.write_quorum == 2 and c.ack_quorum == 2
-        cfg = topo.broker_config(c.name, "/tmp/x")
-        assert (cfg.managed_ledger_default_ensemble_size, cfg.managed_ledger_default_write_quorum,
-                cfg.managed_ledger_default_ack_quorum) == (2, 2, 2)
-        assert cfg.bookies == [f"127.0.0.1:{p}" for p in c.bookie_ports]
+        assert len(c.brokers) == 2 and len(c.bookie_ports) == 3
+        assert (c.ensemble_size, c.write_quorum, c.ack_quorum) == (2, 2, 2)
+        assert all(b.http_port > 0 for b in c.brokers)
+        for i in range(2):
+            cfg = topo.broker_config(c.name, i, "/tmp/x")
+            assert (cfg.managed_ledger_default_ensemble_size, cfg.managed_ledger_default_write_quorum,
+                    cfg.managed_ledger_default_ack_quorum) == (2, 2, 2)
+            assert cfg.bookies == [f"127.0.0.1:{p}" for p in c.bookie_ports]
+            assert cfg.metadata_store_url == f"etcd://127.0.0.1:{c.etcd.port}"
+            assert cfg.configuration_metadata_store_url == topo.configuration_store_url
+            assert (cfg.broker_service_port, cfg.web_service_port) == (c.brokers[i].port, c.brokers[i].http_port)
+            assert cfg.cluster_name == c.name and cfg.advertised_address == "127.0.0.1"
     [tenant] = topo.tenants
     assert tenant.name == "geo" and set(tenant.allowed_clusters) == set(topo.names)
     [ns] = topo.namespaces
@@ -33,14 +44,16 @@ def test_default_topology_is_the_issue_layout():
     [topic] = topo.topics
     assert topic.name == "persistent://geo/flights/departures" and topic.partitions == 4
     assert topo.demo.origins == (("us-east", "EWR"), ("us-west", "JFK"), ("eu-central", "LGA"))
-    assert topo.service_url("us-west", compose=True) == "minipulsar://broker-us-west:6601"
+    assert topo.service_url("us-east") == "minipulsar://127.0.0.1:6600,127.0.0.1:6610"
+    assert topo.service_url("us-west") == "minipulsar://127.0.0.1:6601,127.0.0.1:6611"
+    assert len(topo.ports()) == 2 + 3 * (2 + 3 + 2 * 2)
 
 
 def test_duplicate_port_is_rejected_with_both_owners():
-    text = DEFAULT_TOPOLOGY.read_text().replace("bookie_ports = [3183, 3184]", "bookie_ports = [3183, 6600]")
+    text = DEFAULT_TOPOLOGY.read_text().replace("bookie_ports = [3184, 3185, 3186]", "bookie_ports = [3184, 3185, 6600]")
     with pytest.raises(TopologyError) as err:
         parse_topology(text, "dup.toml")
-    assert "port 6600 is used more than once: us-east broker_port and us-west bookie_ports[1]" in str(err.value)
+    assert "port 6600 is used more than once: us-east broker_ports[0] and us-west bookie_ports[2]" in str(err.value)
 
 
 def test_unknown_cluster_in_namespace_is_rejected():
@@ -52,20 +65,56 @@ def test_unknown_cluster_in_namespace_is_rejected():
 
 
 def test_every_problem_is_listed_at_once():
-    text = (DEFAULT_TOPOLOGY.read_text().replace("write_quorum = 2", "write_quorum = 3")
-            .replace("partitions = 4", "partitions = -1").replace("[broker]", "[broker]\nbogus_key = 1"))
+    text = (DEFAULT_TOPOLOGY.read_text().replace("ensemble_size = 2", "ensemble_size = 4")
+            .replace("partitions = 4", "partitions = -1").replace("[broker]", "[broker]\nbogus_key = 1")
+            .replace("etcd_port = 2394\n", "").replace("broker_ports = [6602, 6612]", "broker_ports = [6602]"))
     with pytest.raises(TopologyError) as err:
         parse_topology(text, "many.toml")
     msg = str(err.value)
-    assert "write_quorum 3 needs at least 3 bookies" in msg
+    assert "ensemble_size 4 needs at least 4 bookies, it has 3" in msg
     assert "partitions = -1 is out of range" in msg
     assert "unknown broker setting 'bogus_key'" in msg
+    assert "cluster us-west: etcd_port is missing" in msg
+    assert "cluster eu-central: brokers = 2 but broker_ports lists 1 port(s)" in msg
     assert "problem(s)" in msg
 
 
+def test_brokers_and_bookies_default_to_two_and_three_from_first_ports():
+    topo = parse_topology("""
+[[clusters]]
+name = "solo"
+broker_port = 7600
+http_port = 7680
+bookie_port = 7181
+etcd_port = 7379
+""")
+    [c] = topo.clusters
+    assert [(b.port, b.http_port) for b in c.brokers] == [(7600, 7680), (7610, 7690)]
+    assert c.bookie_ports == (7181, 7182, 7183) and (c.etcd.port, c.etcd.peer_port) == (7379, 7380)
+    assert topo.configuration_store is None and topo.configuration_store_url == ""
+    assert topo.broker_config("solo", 1, "/tmp/x").configuration_metadata_store_url == ""
+    more = parse_topology("""
+[[clusters]]
+name = "solo"
+brokers = 3
+broker_port = 7600
+bookies = 4
+bookie_port = 7181
+etcd_port = 7379
+""")
+    assert more.clusters[0].broker_ports == [7600, 7610, 7620] and len(more.clusters[0].bookie_ports) == 4
+    assert all(b.http_port == -1 for b in more.clusters[0].brokers), "no http_port: metrics off"
+
+
+def test_reserved_broker_keys_are_refused():
+    text = DEFAULT_TOPOLOGY.read_text().replace("[broker]", '[broker]\nmetadata_store_url = "etcd://x:1"')
+    with pytest.raises(TopologyError, match="metadata_store_url is set by the topology itself"):
+        parse_topology(text)
+
+
 @pytest.mark.parametrize("edit, expected", [
-    (lambda t: t.replace("bookie_ports = [3185, 3186]", "bookie_ports = [3185, 3181]"),
-     "is used more than once: us-east bookie_ports[0] and eu-central bookie_ports[1]"),
+    (lambda t: t.replace("bookie_ports = [3187, 3188, 3189]", "bookie_ports = [3187, 3188, 3181]"),
+     "is used more than once: us-east bookie_ports[0] and eu-central bookie_ports[2]"),
     (lambda t: t.replace('clusters = ["us-east", "us-west", "eu-central"]', 'clusters = ["mars"]'),
      "unknown cluster 'mars'"),
     (lambda t: t.replace("[[clusters]]", "[[clusterz]]", 1), "unknown key(s) clusterz"),
@@ -84,7 +133,7 @@ def test_geo_up_refuses_a_port_in_use_before_starting_anything(tmp_path):
     topo = tmp_path / "geo.toml"
     text, ports = topology_text()
     topo.write_text(text)
-    busy = ports[3184]               # us-west's second bookie
+    busy = ports[3185]               # us-west's second bookie
     holder = socket.socket()
     holder.bind(("127.0.0.1", busy))
     holder.listen()
@@ -114,10 +163,21 @@ def test_status_and_down_on_a_stopped_data_dir(tmp_path):
     data.mkdir()
     (data / "topology.toml").write_text(topology_text()[0])
     st = geo("status", "--data-dir", str(data), timeout=60)
-    assert st.returncode == 1 and "SOME PROCESSES ARE DOWN" in st.stdout
+    assert st.returncode == 1 and "19 PROCESS(ES) DOWN" in st.stdout and "not running" in st.stdout
     down = geo("down", "--data-dir", str(data), "--purge", timeout=60)
     assert down.returncode == 0 and "not running" in down.stdout
     assert not data.exists()
+
+
+def test_a_data_dir_of_the_one_broker_layout_is_explained_and_can_be_purged(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "topology.toml").write_text(
+        '[[clusters]]\nname = "us-east"\nbroker_port = 6600\nhttp_port = 8080\nbookie_ports = [3181, 3182]\n')
+    up = geo("up", "--data-dir", str(data), timeout=60)
+    assert up.returncode == 1 and "older version" in up.stderr and "--purge" in up.stderr, up.stderr
+    down = geo("down", "--data-dir", str(data), "--purge", timeout=60)
+    assert down.returncode == 0 and not data.exists(), down.stderr
 
 
 def test_down_purge_refuses_a_directory_that_is_not_a_geo_data_dir(tmp_path):
@@ -137,33 +197,69 @@ def test_committed_compose_file_is_the_generated_one():
     assert cli.returncode == 0 and cli.stdout == generated
 
 
-def test_compose_has_one_service_per_process_with_health_checks():
+def test_compose_has_one_service_per_process_started_in_order():
+    """Per cluster an etcd, three bookies, two brokers; the configuration-store etcd;
+    geo-net holding the one network namespace and publishing the brokers' ports;
+    health checks and depends_on (service_healthy) for the start order."""
     topo = load_topology()
     model = compose_model(topo)
     services = model["services"]
-    expected = [f"bookie-{c.name}-{i}" for c in topo.clusters for i in range(2)] + \
-               [f"broker-{c.name}" for c in topo.clusters] + ["geo-setup"]
+    expected = ["geo-net", "etcd-configuration", "geo-setup"]
+    for c in topo.clusters:
+        expected += [f"etcd-{c.name}"] + [f"bookie-{c.name}-{i}" for i in range(3)] + \
+            [f"broker-{c.name}-{i}" for i in range(2)]
     assert sorted(services) == sorted(expected)
+    assert list(services)[0] == "geo-net" and "build" in services["geo-net"]
     assert sum("build" in s for s in services.values()) == 1
     assert {s["image"] for s in services.values()} == {"minipulsar:latest"}
+    net = services.pop("geo-net")
+    assert net["command"] == ["sleep", "infinity"] and net["init"] is True
+    published = []
+    for c in topo.clusters:
+        for i, b in enumerate(c.brokers):
+            var = f"MINIPULSAR_PORT_{c.name.upper().replace('-', '_')}_{i}"
+            published.append(f"127.0.0.1:${{{var}:-{b.port}}}:${{{var}:-{b.port}}}")
+    assert net["ports"] == published, "each broker's port on the host's 127.0.0.1, under the same number"
     for name, svc in services.items():
+        assert svc["network_mode"] == "service:geo-net"
+        assert svc["depends_on"].pop("geo-net") == {"condition": "service_started"}
+        for dep in svc["depends_on"].values():
+            assert dep == {"condition": "service_healthy"}
         if name == "geo-setup":
             assert svc["restart"] == "no"
             assert svc["command"][:3] == ["minipulsar", "geo", "setup"] and "--compose" in svc["command"]
-            assert set(svc["depends_on"]) == {f"broker-{c.name}" for c in topo.clusters}
-        else:
-            test = svc["healthcheck"]["test"]
-            assert test[0] == "CMD" and all(" " not in arg for arg in test), test   # podman limit
+            assert set(svc["depends_on"]) == {f"broker-{c.name}-{i}" for c in topo.clusters for i in range(2)}
+            assert len(svc["environment"]) == 6
+            continue
+        test = svc["healthcheck"]["test"]
+        assert test[0] == "CMD" and all(" " not in arg for arg in test), test   # podman limit
+        assert svc["restart"] == "unless-stopped"
+        if not name.startswith("broker-"):
             assert svc["volumes"] and svc["volumes"][0].endswith(":/data")
             assert svc["volumes"][0].split(":")[0] in model["volumes"]
-        for dep in svc.get("depends_on", {}).values():
-            assert dep == {"condition": "service_healthy"}
+    assert services["etcd-configuration"]["command"][0] == "etcd"
+    assert "--listen-client-urls" in services["etcd-configuration"]["command"]
     for c in topo.clusters:
-        broker = services[f"broker-{c.name}"]
-        assert broker["ports"] == [f"127.0.0.1:${{MINIPULSAR_PORT_{c.name.upper().replace('-', '_')}:-"
-                                   f"{c.broker_port}}}:{c.broker_port}"]
-        assert set(broker["depends_on"]) == {f"bookie-{c.name}-0", f"bookie-{c.name}-1"}
-        assert "/app/deploy/geo.toml" in broker["command"]
+        assert set(services[f"etcd-{c.name}"]["depends_on"]) == set()
+        for i in range(3):
+            bookie = services[f"bookie-{c.name}-{i}"]
+            assert set(bookie["depends_on"]) == {f"etcd-{c.name}"}
+            assert f"etcd://127.0.0.1:{c.etcd.port}" in bookie["command"]
+        for i in range(2):
+            broker = services[f"broker-{c.name}-{i}"]
+            assert set(broker["depends_on"]) == {"etcd-configuration", f"etcd-{c.name}",
+                                                 *(f"bookie-{c.name}-{k}" for k in range(3))}
+            assert "/app/deploy/geo.toml" in broker["command"] and "--compose" in broker["command"]
+            assert broker["command"][broker["command"].index("--index") + 1] == str(i)
+            assert list(broker["environment"]) == [f"MINIPULSAR_PORT_{c.name.upper().replace('-', '_')}_{i}"]
+
+
+def test_compose_brokers_take_their_port_from_the_environment():
+    topo = load_topology().with_broker_ports({"MINIPULSAR_PORT_US_WEST_1": "16611"})
+    assert topo.service_url("us-west") == "minipulsar://127.0.0.1:6601,127.0.0.1:16611"
+    assert topo.broker_config("us-west", 1, "/data", bind_address="0.0.0.0").broker_service_port == 16611
+    with pytest.raises(TopologyError, match="not a TCP port"):
+        load_topology().with_broker_ports({"MINIPULSAR_PORT_US_EAST_0": "http"})
 
 
 def test_compose_refuses_a_topology_outside_the_project(tmp_path):
@@ -178,6 +274,7 @@ def test_dockerfile_installs_the_package_without_spark():
     assert text.splitlines()[[i for i, l in enumerate(text.splitlines()) if l.startswith("FROM")][0]] == \
         "FROM python:3.11-slim"
     assert "pip install" in text and "spark" not in text.replace("Spark extra", "")
+    assert "apt-get install" in text and "etcd-server" in text, "the etcd services run the same image"
     ignore = (REPO_ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignore and "data" in ignore
 
@@ -187,6 +284,7 @@ def test_probe_reports_a_dead_address():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert geo("probe", "bookie", f"127.0.0.1:{port}", "--timeout", "1", timeout=30).returncode == 1
+    assert geo("probe", "etcd", f"127.0.0.1:{port}", "--timeout", "1", timeout=30).returncode == 1
     assert geo("probe", "broker", f"127.0.0.1:{port}", "--timeout", "1", timeout=30).returncode == 1
 
 
