@@ -18,27 +18,45 @@
   with a SNAPSHOT_RESPONSE carrying this topic's last position, restricted to
   the requester. Responses feed the pending builder; when complete a SNAPSHOT
   marker restricted to the local cluster is written.
-* When a replicated subscription's mark-delete position passes a cached
-  snapshot, an UPDATE marker carries the remote clusters' positions; a remote
-  receiving an UPDATE acknowledges cumulatively up to its own position,
-  creating the subscription if missing. Beyond PIP-33, the UPDATE also carries
-  the subscription's individually acknowledged messages above the mark-delete
-  position, identified by origin (cluster, source position); the remote
-  acknowledges the matching entries too, so a failover does not redeliver them.
+* Beyond PIP-33 (issue 15): acknowledgments travel by origin id. Every data
+  entry's origin (cluster + source position, ``replicated_from`` in copies) is
+  kept in an ``OriginIndex``; when a replicated subscription's acknowledgments
+  change, an UPDATE carries its whole acknowledged state as origin-id sets
+  (``origin_acks.acked_origins``: per origin cluster an ``acked_through``
+  position plus compacted intervals and batch indexes), at most every
+  ``replicated_subscriptions_update_interval_millis``, with or without
+  snapshots. A cluster receiving it acknowledges the matching local copies at
+  once, and keeps the ids whose entries have not arrived (a third cluster's, in
+  flight) pending (``origin_acks.RemoteAcks``): they are acknowledged as the
+  entries arrive (``note_entry``). The pending part is persisted in the
+  subscription's cursor properties (``PENDING_PROPERTY_PREFIX`` + sender, in
+  ManagedCursorInfo in the metadata store, written only when it changes) so a
+  broker restart loses nothing; the backlog is scanned once at topic load to
+  rebuild the index. A subscription missing here is created by the first
+  UPDATE just before the first entry the sender did not acknowledge.
+* PIP-33 snapshots stay: the UPDATE still carries the positions of the last
+  snapshot the subscription passed (Pulsar-compatible cumulative positions), and
+  they bound where a subscription created by an UPDATE may start.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import itertools
 import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Optional
 
 from broker.ledger.position import Entry, Position
+from proto import pulsar_api_pb2 as api
+from proto.common import REPLICATOR_CURSOR_PREFIX
 from proto.entry_format import peek_metadata
 from proto.errors import CorruptedMessage
 
 from . import markers
+from .origin_acks import MAX_UPDATE_BATCHES, MAX_UPDATE_RANGES, RemoteAcks, acked_origins
+from .origin_index import OriginIndex
 from .snapshot import SnapshotBuilder
 
 if TYPE_CHECKING:
@@ -47,12 +65,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_INDIVIDUAL_ACKS_IN_UPDATE = 20000     # acknowledged origin ids looked at per UPDATE (ranges are sent)
-# Origins of the most recent entries kept by the controller (count): UPDATE markers name the
-# acknowledged entries after the last passed snapshot by origin, and the entry cache no longer
-# holds entries behind the readers (it is evicted by read position and age).
-ORIGIN_INDEX_MAX = 200_000
-MAX_SCAN_FOR_INDIVIDUAL_ACKS = 50000      # entries the remote scans to match them
+#: Entries / bytes read at most when a topic is loaded to rebuild its origin index.
+ORIGIN_SCAN_MAX_ENTRIES = 50_000
+ORIGIN_SCAN_MAX_BYTES = 256 * 1024 * 1024
+#: Cursor property (ManagedCursorInfo.cursorProperties) holding, per sender cluster, the
+#: acknowledgments received from it whose entries have not arrived yet (base64 of a
+#: ReplicatedSubscriptionsUpdate).
+PENDING_PROPERTY_PREFIX = "pulsar.replicated.pending."
 
 
 class ControllerStats:
@@ -62,6 +81,10 @@ class ControllerStats:
     timed_out = 0
     completed = 0
     latencies_ms: list[float] = []
+    update_markers = 0          # UPDATE markers written
+    update_marker_bytes = 0     # their bytes (entry: metadata + payload)
+    acked_on_arrival = 0        # entries acknowledged as they arrived (pending origin ids)
+    pending_restored = 0        # pending acknowledgments restored from cursor properties (pieces)
 
 
 class ReplicatedSubscriptionsController:
@@ -89,14 +112,31 @@ class ReplicatedSubscriptionsController:
         self.last_update_applied_ms: dict[str, float] = {}
         self._task: Optional[asyncio.Task] = None
         self.log_prefix = f"[{topic.name}][{local_cluster}]"
-        # (ledger, entry) -> (origin cluster, source ledger, source entry) of recent non-marker
-        # entries, oldest first; plain int tuples (not GC-tracked), bounded by ORIGIN_INDEX_MAX.
-        self._origins: dict[tuple[int, int], tuple[str, int, int]] = {}
+        # Data entries after `complete_after` -> origin ids (issue 15); entries stored before
+        # this controller started are added by the backlog scan (`start`).
+        self.index = OriginIndex(complete_after=topic.ml.last_confirmed)
+        self.index_ready = asyncio.Event()     # set once the backlog scan is done: UPDATEs wait for it
+        self._scan_end = topic.ml.last_confirmed
+        self._scan_task: Optional[asyncio.Task] = None
+        self.remote: dict[str, RemoteAcks] = {}    # subscription -> acknowledgments received by origin id
+        self._restored: dict[tuple[str, str], list] = {}
+        self._persisted_pending: dict[tuple[str, str], str] = {}
+        self._props_wanted: dict[str, dict] = {}
+        self._props_tasks: dict[str, asyncio.Task] = {}
+        self._last_prune = 0.0
+        self.acked_on_arrival = 0       # entries acknowledged when they arrived (pending ids)
+        self.updates_applied = 0
+        self.pending_persists = 0
 
     def start(self) -> None:
-        """Start the snapshot tick task (one ``start_new_snapshot`` per frequency); idempotent."""
+        """Start the snapshot tick task (one ``start_new_snapshot`` per frequency), restore the
+        pending acknowledgments persisted in the cursors and start the backlog scan that
+        completes the origin index; idempotent."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop())
+            self._restore_pending()
+            self._scan_task = asyncio.create_task(self._scan_backlog(self._scan_end),
+                                                  name=f"origin-scan {self.topic.name}")
 
     async def close(self) -> None:
         """Stop the tick task and drop the pending snapshots (no longer counted as pending)."""
@@ -106,6 +146,11 @@ class ReplicatedSubscriptionsController:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._scan_task is not None and not self._scan_task.done():
+            self._scan_task.cancel()
+        writes = [t for t in self._props_tasks.values() if not t.done()]
+        if writes:   # pending acknowledgments being persisted: let them land
+            await asyncio.wait(writes, timeout=5)
         ControllerStats.pending -= len(self.pending)
         self.pending.clear()
 
@@ -190,20 +235,178 @@ class ReplicatedSubscriptionsController:
                 self.topic.write_marker(markers.snapshot(msg.snapshot_id, self.local_cluster, builder.local,
                                                          builder.responses))
         elif kind == markers.UPDATE:
-            asyncio.ensure_future(self._apply_update_serialized(msg))
+            asyncio.ensure_future(self._apply_update_serialized(from_cluster, msg))
+
+    # ---- the origin index (issue 15) -----------------------------------------
+    def note_entry(self, pos: Position, md) -> None:
+        """An entry was just stored at ``pos`` (``md``: its MessageMetadata). A data
+        entry goes into the origin index (origin: ``replicated_from`` and its source
+        position, else this cluster and ``pos``; scope: ``replicate_to``), and is
+        acknowledged at once in the replicated subscriptions whose pending
+        acknowledgments from other clusters name it. Markers are skipped."""
+        if markers.is_marker(md):
+            return
+        if md.HasField("replicated_from"):
+            origin = md.replicated_from
+            opos = Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)
+        else:
+            origin, opos = self.local_cluster, pos
+        scope = frozenset(md.replicate_to) if md.replicate_to else None
+        self.index.add(pos, origin, opos, scope)
+        if not self.remote:
+            return
+        for name, remote in self.remote.items():
+            whole, partial = remote.match(origin, opos, scope)
+            if not whole and partial is None:
+                continue
+            sub = self.topic.subscriptions.get(name)
+            if sub is None:
+                continue
+            try:
+                if whole:
+                    sub.cursor.delete_nowait([pos])
+                else:
+                    n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+                    indexes = [i for i in partial[1] if i < n]
+                    if indexes:
+                        sub.cursor.delete_batch_index_nowait(pos, n, indexes)
+            except Exception as exc:   # noqa: BLE001 - an ack lost here is a redelivery, not a failure
+                log.warning("%s acknowledging arrived %s of %s failed: %s", self.log_prefix, pos, name, exc)
+                continue
+            self.acked_on_arrival += 1
+            ControllerStats.acked_on_arrival += 1
+            self._ack_markers_below_acked(sub)
+            sub.after_mark_delete_moved_by_update()
+
+    def _origin_of_entry(self, pos: Position, data: bytes):
+        try:
+            md = peek_metadata(data)
+        except CorruptedMessage:
+            return None
+        if markers.is_marker(md):
+            return None
+        if md.HasField("replicated_from"):
+            origin = md.replicated_from
+            opos = Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)
+        else:
+            origin, opos = self.local_cluster, pos
+        return origin, opos, (frozenset(md.replicate_to) if md.replicate_to else None)
+
+    async def _scan_backlog(self, end: Position) -> None:
+        """Index the entries stored before this controller started (a topic load after
+        a restart): from the slowest replicated subscription's mark-delete position
+        (else the first entry), at most ORIGIN_SCAN_MAX_ENTRIES / _BYTES back from
+        ``end``, up to ``end``; then apply the pending acknowledgments restored from
+        the cursors and let UPDATEs through. A scan that cannot finish leaves the
+        index starting at ``end`` (older entries are not matched: redelivered)."""
+        ml = self.topic.ml
+        try:
+            if end.entry_id >= 0 or ml.number_of_entries > 0:
+                first = ml.first_position()
+                start = Position(first.ledger_id, first.entry_id - 1)
+                subs = [s.cursor.mark_delete_position for s in self.topic.subscriptions.values() if s.replicated]
+                if subs:
+                    start = max(start, min(subs))
+                total = ml.number_of_entries
+                if ml.count_entries_between(start, end) > ORIGIN_SCAN_MAX_ENTRIES and total > ORIGIN_SCAN_MAX_ENTRIES:
+                    start = ml.previous_position(ml.position_at_index(total - ORIGIN_SCAN_MAX_ENTRIES))
+                older = OriginIndex(self.index.max_runs, complete_after=start)
+                reader = ml.new_non_durable_cursor(start, name=f"pulsar.origin-scan-{id(self)}", inclusive=False)
+                nbytes = scanned = 0
+                done = start >= end
+                while not done and nbytes < ORIGIN_SCAN_MAX_BYTES and not self.topic.closed:
+                    entries = await reader.read_entries(1000)
+                    if not entries:
+                        break
+                    for e in entries:
+                        if e.position > end:
+                            done = True
+                            break
+                        found = self._origin_of_entry(e.position, e.data)
+                        if found is not None:
+                            older.add(e.position, *found)
+                        nbytes += len(e.data)
+                        scanned += 1
+                    if entries[-1].position >= end:
+                        done = True
+                if done:
+                    self.index.prepend(older)
+                    log.info("%s origin index: %d entries scanned from %s, %d runs", self.log_prefix, scanned,
+                             start, len(self.index))
+                else:
+                    log.warning("%s origin scan stopped after %d entries / %d bytes: entries up to %s are not "
+                                "matched by origin", self.log_prefix, scanned, nbytes, end)
+        except Exception as exc:   # noqa: BLE001 - the index then starts at `end`
+            log.warning("%s origin scan failed: %r", self.log_prefix, exc)
+        finally:
+            self.index_ready.set()
+        for (name, sender), pieces in list(self._restored.items()):
+            sub = self.topic.subscriptions.get(name)
+            if sub is not None and pieces:
+                self._ack_pieces(sub, sender, pieces)
+        self._restored.clear()
+
+    def _restore_pending(self) -> None:
+        """Load the pending acknowledgments persisted in the replicated subscriptions'
+        cursor properties (PENDING_PROPERTY_PREFIX + sender): they are matched against
+        arriving entries at once, against stored ones after the backlog scan."""
+        for name, sub in self.topic.subscriptions.items():
+            for key, value in sub.cursor.cursor_properties.items():
+                if not key.startswith(PENDING_PROPERTY_PREFIX):
+                    continue
+                sender = key[len(PENDING_PROPERTY_PREFIX):]
+                try:
+                    msg = api.ReplicatedSubscriptionsUpdate()
+                    msg.ParseFromString(base64.b64decode(value))
+                    state = markers.parse_origin_acks(msg.individually_acked)
+                except Exception as exc:   # noqa: BLE001
+                    log.warning("%s bad pending acknowledgments of %s from %s: %s", self.log_prefix, name, sender, exc)
+                    continue
+                pieces = self._remote_of(name).apply(sender, state)
+                self._restored[(name, sender)] = pieces
+                ControllerStats.pending_restored += len(pieces)
+                self._persisted_pending[(name, sender)] = value
+                log.info("%s %s: %d pending acknowledgments from %s restored", self.log_prefix, name,
+                         len(pieces), sender)
+
+    def _remote_of(self, name: str) -> RemoteAcks:
+        remote = self.remote.get(name)
+        if remote is None:
+            remote = self.remote[name] = RemoteAcks()
+        return remote
+
+    def high(self, origin: str) -> Optional[Position]:
+        """Origin position of the newest entry of ``origin`` stored here: from the
+        index, else the replicator producer's deduplication state (its sequence id is
+        the source position), else None (unknown)."""
+        if origin == self.local_cluster:
+            return self.topic.ml.last_confirmed
+        h = self.index.high(origin)
+        if h is not None:
+            return h
+        seq = self.topic.dedup.last_sequence_id(REPLICATOR_CURSOR_PREFIX + origin)
+        return Position(seq >> 32, seq & 0xFFFFFFFF) if seq >= 0 else None
+
+    def _prune_index(self) -> None:
+        now = time.monotonic()
+        if now - self._last_prune < 1.0:
+            return
+        self._last_prune = now
+        mds = [s.cursor.mark_delete_position for s in self.topic.subscriptions.values() if s.replicated]
+        if mds and self.index_ready.is_set():
+            self.index.prune(min(mds))
 
     # ---- subscription updates ---------------------------------------------
     def subscription_acked(self, subscription: "Subscription", snapshot=None) -> None:
         """A replicated subscription's acknowledgments changed. With a newly passed
         ``snapshot`` an UPDATE goes out now (PIP-33); otherwise, beyond PIP-33, an
-        UPDATE based on the last passed snapshot plus the acknowledged origins
-        goes out at most every ``update_interval_s`` (trailing call included), so
-        a failover redelivers at most that much rather than a snapshot period."""
+        UPDATE with the acknowledged state by origin id goes out at most every
+        ``update_interval_s`` (trailing call included), with or without snapshots,
+        so a failover redelivers at most what was acknowledged within the last
+        interval plus the replication lag."""
         if snapshot is not None:
             subscription.last_snapshot_used = snapshot
             self._send_update(subscription)
-            return
-        if subscription.last_snapshot_used is None:
             return
         loop = asyncio.get_running_loop()
         wait = subscription.last_update_sent + self.update_interval_s - loop.time()
@@ -216,105 +419,187 @@ class ReplicatedSubscriptionsController:
         if subscription.update_timer is not None:
             subscription.update_timer.cancel()
             subscription.update_timer = None
-        snap = subscription.last_snapshot_used
-        if snap is None or self.topic.closed:
+        if self.topic.closed:
             return
         subscription.last_update_sent = asyncio.get_running_loop().time()
-        clusters = {c.cluster: markers.position(c.message_id) for c in snap.clusters}
-        origins = self._acked_origins(subscription, markers.position(snap.local_message_id))
-        self.topic.write_marker(markers.update(subscription.name, clusters, origins))
-
-    def note_entry(self, pos: Position, md) -> None:
-        """Record the origin of the entry just stored at ``pos`` (``md``: its
-        MessageMetadata): ``replicated_from`` and its source position, else this
-        cluster and ``pos``; markers are skipped. Keeps the last ORIGIN_INDEX_MAX."""
-        if markers.is_marker(md):
+        snap = subscription.last_snapshot_used
+        clusters = {c.cluster: markers.position(c.message_id) for c in snap.clusters} if snap is not None else {}
+        origins = self.acked_origins(subscription)
+        if not clusters and not origins:
             return
-        if md.HasField("replicated_from"):
-            origin = (md.replicated_from, md.replicated_source_ledger_id, md.replicated_source_entry_id)
-        else:
-            origin = (self.local_cluster, pos.ledger_id, pos.entry_id)
-        index = self._origins
-        index[(pos.ledger_id, pos.entry_id)] = origin
-        if len(index) > ORIGIN_INDEX_MAX:
-            del index[next(iter(index))]
+        data = markers.update(subscription.name, clusters, origins)
+        ControllerStats.update_markers += 1
+        ControllerStats.update_marker_bytes += len(data)
+        self.topic.write_marker(data)
+        self._prune_index()
 
-    def _acked_origins(self, subscription: "Subscription", after: Position) -> dict[str, list]:
-        """Acknowledged entries after ``after`` (the passed snapshot's position), up to
-        and beyond the mark-delete position, as origin ranges
-        {origin cluster: [(first, last) source positions]}. Origins come from the
-        controller's index of recent entries (``note_entry``), else the entry cache;
-        entries in neither are left out (they may be redelivered: at-least-once)."""
+    def acked_origins(self, subscription: "Subscription") -> dict:
+        """The subscription's acknowledged state as {origin cluster: OriginAcks}
+        (``origin_acks.acked_origins`` over the cursor: mark-delete position,
+        individually acknowledged ranges, partially acknowledged batches)."""
         cursor = subscription.cursor
-        ml = cursor.ml
-        ids: list[tuple[str, Position]] = []
+        partial = []
+        for pos in cursor.batch_deleted.positions()[:MAX_UPDATE_BATCHES]:
+            size = cursor.batch_deleted.batch_size(pos)
+            unacked = cursor.batch_deleted.unacked_indexes(pos)
+            if size is None or unacked is None:
+                continue
+            left = set(unacked)
+            partial.append((pos, size, [i for i in range(size) if i not in left]))
+        ranges = itertools.islice(cursor.individual_deleted.ranges(), 4 * MAX_UPDATE_RANGES)
+        return acked_origins(self.index, cursor.mark_delete_position, ranges, partial)
 
-        def add(pos: Position) -> None:
-            """Append the origin (cluster, source position) of the non-marker entry at ``pos``."""
-            known = self._origins.get((pos.ledger_id, pos.entry_id))
-            if known is not None:
-                ids.append((known[0], Position(known[1], known[2])))
-                return
-            data = ml.cache.get(pos)
-            if data is None:
-                return
-            try:
-                md = peek_metadata(data)
-            except CorruptedMessage:
-                return
-            if markers.is_marker(md):
-                return
-            if md.HasField("replicated_from"):
-                ids.append((md.replicated_from, Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)))
-            else:
-                ids.append((self.local_cluster, pos))
-
-        pos = ml.next_position(after)
-        md_pos = cursor.mark_delete_position
-        while pos <= md_pos and len(ids) < MAX_INDIVIDUAL_ACKS_IN_UPDATE:
-            add(pos)
-            pos = ml.next_position(pos)
-        for (lo_l, lo_e), (hi_l, hi_e) in cursor.individual_deleted.ranges():
-            for e in range(lo_e, hi_e + 1):
-                if len(ids) >= MAX_INDIVIDUAL_ACKS_IN_UPDATE:
-                    break
-                add(Position(lo_l, e))
-        out: dict[str, list] = {}
-        for origin, src in sorted(ids):
-            ranges = out.setdefault(origin, [])
-            if ranges and ranges[-1][1].ledger_id == src.ledger_id and ranges[-1][1].entry_id + 1 == src.entry_id:
-                ranges[-1] = (ranges[-1][0], src)
-            else:
-                ranges.append((src, src))
-        return out
-
-    async def _apply_update_serialized(self, msg) -> None:
+    async def _apply_update_serialized(self, sender: str, msg) -> None:
         async with self._apply_lock:
-            await self._apply_update(msg)
+            await self.index_ready.wait()
+            try:
+                await self._apply_update(sender, msg)
+            except Exception:   # noqa: BLE001
+                log.exception("%s applying an UPDATE from %s failed", self.log_prefix, sender)
 
-    async def _apply_update(self, msg) -> None:
+    async def _apply_update(self, sender: str, msg) -> None:
+        """Apply an UPDATE from ``sender``: the PIP-33 position for this cluster
+        (cumulative), then the sender's state by origin id: acknowledge the local
+        copies of newly acknowledged origin ids, keep the rest pending (persisted).
+        A missing subscription is created first, positioned after everything here
+        that the update acknowledges (and at or after the PIP-33 position)."""
+        topic = self.topic
         mine = None
         for c in msg.clusters:
             if c.cluster == self.local_cluster:
-                mine = markers.position(c.message_id)
-        if mine is None:
+                mine = min(markers.position(c.message_id), topic.ml.last_confirmed)
+        state = markers.parse_origin_acks(msg.individually_acked)
+        if mine is None and not state:
             return
-        topic = self.topic
-        sub = topic.subscriptions.get(msg.subscription_name)
+        name = msg.subscription_name
+        remote = self._remote_of(name)
+        pieces = remote.apply(sender, state) if state else []
+        sub = topic.subscriptions.get(name)
         if sub is None:
-            sub = await topic.create_replicated_subscription(msg.subscription_name, min(mine, topic.ml.last_confirmed))
-        target = min(mine, topic.ml.last_confirmed)
-        if target > sub.cursor.mark_delete_position:
+            start = self._creation_position(sender, remote, mine)
+            sub = await topic.create_replicated_subscription(name, start)
+            log.info("%s subscription %s created by an UPDATE from %s at %s", self.log_prefix, name, sender, start)
+        if mine is not None and mine > sub.cursor.mark_delete_position:
             try:
-                sub.cursor.mark_delete_nowait(target)
-                sub.after_mark_delete_moved_by_update()
-            except Exception as exc:
-                log.warning("%s applying update of %s failed: %s", self.log_prefix, sub.name, exc)
-                return
-        if msg.individually_acked:
-            await self._apply_individual(sub, msg.individually_acked)
+                sub.cursor.mark_delete_nowait(mine)
+            except Exception as exc:   # noqa: BLE001
+                log.warning("%s applying the snapshot position of %s failed: %s", self.log_prefix, name, exc)
+        if pieces:
+            self._ack_pieces(sub, sender, pieces)
         self._ack_markers_below_acked(sub)
-        self.last_update_applied_ms[sub.name] = time.time() * 1000
+        sub.after_mark_delete_moved_by_update()
+        self.last_update_applied_ms[name] = time.time() * 1000
+        self.updates_applied += 1
+        self._persist_pending(sub)
+        self._prune_index()
+
+    def _creation_position(self, sender: str, remote: RemoteAcks, mine: Optional[Position]) -> Position:
+        """Where a subscription created by an UPDATE from ``sender`` starts (its
+        mark-delete position): just before the first data entry here that ``sender``
+        did not acknowledge, walking the origin index. When the index does not
+        start at the first entry, entries before it count as acknowledged only if
+        the first indexed entry of every origin is; otherwise the walk starts at
+        the first entry (possible redeliveries, never a skipped message). At or
+        after the PIP-33 position ``mine`` when given."""
+        ml = self.topic.ml
+        first = ml.first_position()
+        earliest = Position(first.ledger_id, first.entry_id - 1)
+        index = self.index
+        start = earliest
+        if index.complete_after is not None and index.complete_after >= first:
+            heads: dict[str, object] = {}
+            for run in index.runs:
+                heads.setdefault(run.origin, run)
+            if all(r.includes(sender) and remote.covered_until(sender, o, r.origin_start) is not None
+                   for o, r in heads.items()):
+                start = index.complete_after
+        pos = start
+        for run in index.runs_after(start):
+            if not run.includes(sender):
+                pos = ml.previous_position(run.local_start)
+                break
+            end = remote.covered_until(sender, run.origin, run.origin_start)
+            if end is None:
+                pos = ml.previous_position(run.local_start)
+                break
+            if end < run.origin_end:
+                pos = Position(run.local_ledger, run.local_first + end.entry_id - run.origin_first)
+                break
+            pos = run.local_end
+        else:
+            pos = max(pos, ml.last_confirmed)
+        if pos.ledger_id < 0:
+            pos = earliest
+        if mine is not None:
+            pos = max(pos, mine)
+        return min(max(pos, earliest), ml.last_confirmed) if ml.last_confirmed >= earliest else earliest
+
+    def _ack_pieces(self, sub: "Subscription", sender: str, pieces: list) -> None:
+        """Acknowledge in ``sub`` the local copies of ``pieces`` (origin_acks.Piece) that
+        are stored here; entries of runs ``sender`` could not have are skipped."""
+        cursor = sub.cursor
+        md = cursor.mark_delete_position
+        positions: list[Position] = []
+        batch: list[tuple[Position, int, frozenset]] = []
+        for piece in pieces:
+            for run, f, l in self.index.local_ranges(piece.origin, piece.lo, piece.hi, acker=sender):
+                ledger = run.local_ledger
+                a, b = run.local_first + f, run.local_first + l
+                if (ledger, b) <= md:
+                    continue
+                if ledger == md.ledger_id and a <= md.entry_id:
+                    a = md.entry_id + 1
+                if piece.indexes is None:
+                    positions.extend(Position(ledger, e) for e in range(a, b + 1))
+                else:
+                    batch.append((Position(ledger, a), piece.batch_size, piece.indexes))
+        try:
+            if positions:
+                cursor.delete_nowait(positions)
+            for pos, size, indexes in batch:
+                cursor.delete_batch_index_nowait(pos, size, sorted(indexes))
+        except Exception as exc:   # noqa: BLE001 - a lost ack is a redelivery
+            log.warning("%s acknowledging origin ids in %s failed: %s", self.log_prefix, sub.name, exc)
+
+    def _persist_pending(self, sub: "Subscription") -> None:
+        """Store the pending acknowledgments of ``sub`` (whose entries have not arrived)
+        in its cursor properties when they changed: one ManagedCursorInfo write,
+        coalesced (one in flight per subscription)."""
+        remote = self.remote.get(sub.name)
+        if remote is None:
+            return
+        pending = remote.pending(self.high)
+        props = dict(sub.cursor.cursor_properties)
+        for key in [k for k in props if k.startswith(PENDING_PROPERTY_PREFIX)]:
+            if key[len(PENDING_PROPERTY_PREFIX):] not in pending:
+                del props[key]
+        for sender, state in pending.items():
+            msg = api.ReplicatedSubscriptionsUpdate(subscription_name=sub.name)
+            markers.add_origin_acks(msg.individually_acked, state)
+            props[PENDING_PROPERTY_PREFIX + sender] = base64.b64encode(msg.SerializeToString()).decode()
+        if props == sub.cursor.cursor_properties:
+            return
+        self._props_wanted[sub.name] = props
+        task = self._props_tasks.get(sub.name)
+        if task is None or task.done():
+            self._props_tasks[sub.name] = asyncio.ensure_future(self._write_props(sub))
+
+    async def _write_props(self, sub: "Subscription") -> None:
+        while sub.name in self._props_wanted:
+            props = self._props_wanted.pop(sub.name)
+            try:
+                await sub.cursor.set_cursor_properties(props)
+                self.pending_persists += 1
+            except Exception as exc:   # noqa: BLE001 - retried with the next change
+                log.warning("%s persisting pending acknowledgments of %s failed: %s", self.log_prefix, sub.name, exc)
+
+    def pending_count(self) -> int:
+        """Pending acknowledgment items over the topic's subscriptions (see RemoteAcks.pending_count)."""
+        return sum(r.pending_count(self.high) for r in self.remote.values())
+
+    def pending_memory_bytes(self) -> int:
+        """Estimated bytes of the received-acknowledgment state (RemoteAcks.memory_bytes)."""
+        return sum(r.memory_bytes() for r in self.remote.values())
 
     def _ack_markers_below_acked(self, sub: "Subscription") -> None:
         """Markers are never delivered: acknowledge those between the mark-delete
@@ -330,48 +615,5 @@ class ReplicatedSubscriptionsController:
         if markers_between:
             try:
                 cursor.delete_nowait(markers_between)
-                sub.after_mark_delete_moved_by_update()
             except Exception as exc:
                 log.debug("%s acknowledging markers of %s: %s", self.log_prefix, sub.name, exc)
-
-    async def _apply_individual(self, sub: "Subscription", acked) -> None:
-        wanted: dict[str, set[Position]] = {}
-        for car in acked:
-            ids = wanted.setdefault(car.cluster, set())
-            for lo, hi in zip(car.range_start, car.range_end):
-                lo_p, hi_p = markers.position(lo), markers.position(hi)
-                if lo_p.ledger_id == hi_p.ledger_id:
-                    for e in range(lo_p.entry_id, hi_p.entry_id + 1):
-                        ids.add(Position(lo_p.ledger_id, e))
-        total = sum(len(v) for v in wanted.values())
-        if not total:
-            return
-        local_own = wanted.get(self.local_cluster, set())
-        positions = [p for p in local_own if p > sub.cursor.mark_delete_position and p <= self.topic.ml.last_confirmed]
-        remaining = total - len(local_own)
-        if remaining:
-            # Find the replicated copies by scanning forward from the mark-delete position.
-            reader = self.topic.ml.new_non_durable_cursor(sub.cursor.mark_delete_position, inclusive=False)
-            scanned = 0
-            while remaining and scanned < MAX_SCAN_FOR_INDIVIDUAL_ACKS:
-                entries = await reader.read_entries(500)
-                if not entries:
-                    break
-                scanned += len(entries)
-                for e in entries:
-                    try:
-                        md = peek_metadata(e.data)
-                    except CorruptedMessage:
-                        continue
-                    if not md.HasField("replicated_from"):
-                        continue
-                    src = Position(md.replicated_source_ledger_id, md.replicated_source_entry_id)
-                    if src in wanted.get(md.replicated_from, ()):
-                        positions.append(e.position)
-                        remaining -= 1
-        if positions:
-            try:
-                sub.cursor.delete_nowait(positions)
-                sub.after_mark_delete_moved_by_update()
-            except Exception as exc:
-                log.warning("%s applying individual acks of %s failed: %s", self.log_prefix, sub.name, exc)

@@ -95,7 +95,37 @@ class GeoBrokerService(BrokerService):
                 continue
             for sub, t in list(ctl.last_update_applied_ms.items()):
                 age.add_metric([cluster, str(topic.name), sub], (now - t) / 1000.0)
-        return [pending, timed_out, latency, age]
+        updates = CounterMetricFamily("pulsar_replicated_subscriptions_update_markers",
+                                      "UPDATE markers written (acknowledged state by origin id)", labels=["cluster"])
+        updates.add_metric([cluster], ControllerStats.update_markers)
+        update_bytes = CounterMetricFamily("pulsar_replicated_subscriptions_update_marker_bytes",
+                                           "Bytes of the UPDATE markers written", labels=["cluster"])
+        update_bytes.add_metric([cluster], ControllerStats.update_marker_bytes)
+        arrived = CounterMetricFamily("pulsar_replicated_subscriptions_acked_on_arrival",
+                                      "Entries acknowledged when they arrived, from pending acknowledgments "
+                                      "received by origin id", labels=["cluster"])
+        arrived.add_metric([cluster], ControllerStats.acked_on_arrival)
+        restored = CounterMetricFamily("pulsar_replicated_subscriptions_pending_restored",
+                                       "Pending acknowledgments restored from cursor properties at topic load",
+                                       labels=["cluster"])
+        restored.add_metric([cluster], ControllerStats.pending_restored)
+        ctls = [t.controller for t in list(self.topics.values()) if t.controller is not None]
+        pend = GaugeMetricFamily("pulsar_replicated_subscriptions_pending_acks",
+                                 "Acknowledgments received by origin id whose entries have not arrived",
+                                 labels=["cluster"])
+        pend.add_metric([cluster], sum(c.pending_count() for c in ctls))
+        pend_bytes = GaugeMetricFamily("pulsar_replicated_subscriptions_received_acks_bytes",
+                                       "Estimated memory of the acknowledgments received by origin id "
+                                       "(pending included)", labels=["cluster"])
+        pend_bytes.add_metric([cluster], sum(c.pending_memory_bytes() for c in ctls))
+        index_bytes = GaugeMetricFamily("pulsar_replicated_subscriptions_origin_index_bytes",
+                                        "Estimated memory of the origin indexes", labels=["cluster"])
+        index_bytes.add_metric([cluster], sum(c.index.memory_bytes() for c in ctls))
+        index_runs = GaugeMetricFamily("pulsar_replicated_subscriptions_origin_index_runs",
+                                       "Runs held by the origin indexes", labels=["cluster"])
+        index_runs.add_metric([cluster], sum(len(c.index) for c in ctls))
+        return [pending, timed_out, latency, age, updates, update_bytes, arrived, restored, pend, pend_bytes,
+                index_bytes, index_runs]
 
     # ---- policy plumbing --------------------------------------------------
     def _on_metadata_change(self, notification) -> None:

@@ -58,18 +58,67 @@ def snapshot(snapshot_id: str, local_cluster: str, local: Position, clusters: di
 
 
 def update(subscription: str, clusters: dict[str, Position],
-           individually_acked: Optional[dict[str, list[tuple[Position, Position]]]] = None) -> bytes:
+           origin_acks: Optional[dict] = None) -> bytes:
     """UPDATE for ``subscription``: per cluster, the position to acknowledge
-    cumulatively; optionally acknowledged ranges above it (beyond PIP-33)."""
+    cumulatively (PIP-33, from a passed snapshot; may be empty), and beyond
+    PIP-33 the sender's acknowledged state by origin id: ``origin_acks`` =
+    {origin cluster: ``origin_acks.OriginAcks``} (issue 15)."""
     msg = api.ReplicatedSubscriptionsUpdate(subscription_name=subscription)
     for name, pos in sorted(clusters.items()):
         msg.clusters.add(cluster=name, message_id=_mid(pos))
-    for name, ranges in sorted((individually_acked or {}).items()):
-        car = msg.individually_acked.add(cluster=name)
-        for lo, hi in ranges:
-            car.range_start.append(_mid(lo))
-            car.range_end.append(_mid(hi))
+    add_origin_acks(msg.individually_acked, origin_acks or {})
     return _message(UPDATE, msg.SerializeToString(), None)
+
+
+_MAX_ENTRY = 2**63 - 1
+
+
+def _upper(pos: Position) -> Optional[api.MarkersMessageIdData]:
+    """A closed upper bound; ``(L, -1)`` (before entry 0 of L) becomes ``(L-1, max)``."""
+    if pos.entry_id >= 0:
+        return _mid(pos)
+    if pos.ledger_id <= 0:
+        return None
+    return api.MarkersMessageIdData(ledger_id=pos.ledger_id - 1, entry_id=_MAX_ENTRY)
+
+
+def add_origin_acks(field, origin_acks: dict) -> None:
+    """Append {origin cluster: OriginAcks} to a repeated ``ClusterAckRanges`` ``field``
+    (intervals with an empty upper bound are left out)."""
+    for name, acks in sorted(origin_acks.items()):
+        car = field.add(cluster=name)
+        if acks.acked_through is not None:
+            car.acked_through.CopyFrom(_mid(acks.acked_through))
+        for lo, hi in acks.ranges:
+            upper = _upper(hi)
+            if upper is None:
+                continue
+            car.range_start.append(_mid(lo))
+            car.range_end.append(upper)
+        for pos, size, indexes in acks.batches:
+            car.batch_acks.add(message_id=_mid(pos), batch_size=size, acked_indexes=list(indexes))
+
+
+def parse_origin_acks(field) -> dict:
+    """The {origin cluster: ``origin_acks.OriginAcks``} of a repeated ``ClusterAckRanges``
+    (inverse of :func:`add_origin_acks`; repeated origins are merged)."""
+    from .origin_acks import OriginAcks
+
+    out: dict = {}
+    for car in field:
+        acks = out.setdefault(car.cluster, OriginAcks())
+        if car.HasField("acked_through"):
+            at = position(car.acked_through)
+            acks.acked_through = at if acks.acked_through is None else max(at, acks.acked_through)
+        for lo, hi in zip(car.range_start, car.range_end):
+            lo_p, hi_p = position(lo), position(hi)
+            if lo_p <= hi_p:
+                acks.ranges.append((lo_p, hi_p))
+        for b in car.batch_acks:
+            acks.batches.append((position(b.message_id), b.batch_size, tuple(b.acked_indexes)))
+    for acks in out.values():
+        acks.ranges.sort()
+    return out
 
 
 def position(mid: api.MarkersMessageIdData) -> Position:

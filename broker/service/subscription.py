@@ -298,7 +298,7 @@ class Subscription:
             raise InvalidArgument(str(exc)) from None
         except ValueError as exc:
             raise InvalidArgument(f"invalid acknowledgment: {exc}") from None
-        if self.cursor.mark_delete_position != md_before or ack_type != pb.Cumulative:
+        if self.cursor.mark_delete_position != md_before or ack_type != pb.Cumulative or futures:
             self._mark_delete_moved()
         if self.dispatcher is not None:
             self.dispatcher.wake()
@@ -371,13 +371,16 @@ class Subscription:
         return self.snapshot_cache
 
     def _mark_delete_moved(self, consumer_ack: bool = True) -> None:
-        """After an ack moved the mark-delete position: send an UPDATE when it
-        passed a cached snapshot; after a consumer's ack also the (rate-limited)
-        acknowledged-origins UPDATE. Acks of markers alone never cause the latter,
-        or UPDATE markers would keep producing UPDATE markers."""
-        if self.snapshot_cache is None or not self.replicated or self.topic.controller is None:
+        """After an ack of a replicated subscription: send an UPDATE now when the
+        mark-delete position passed a cached snapshot (PIP-33); after a consumer's
+        ack, beyond PIP-33, the (rate-limited) UPDATE with the acknowledged state by
+        origin id, with or without snapshots (issue 15). Acks of markers alone never
+        cause the latter, or UPDATE markers would keep producing UPDATE markers."""
+        if not self.replicated or self.topic.controller is None:
             return
-        snap = self.snapshot_cache.advanced_mark_delete(self.cursor.mark_delete_position)
+        snap = None
+        if self.snapshot_cache is not None:
+            snap = self.snapshot_cache.advanced_mark_delete(self.cursor.mark_delete_position)
         if snap is not None or consumer_ack:
             self.topic.controller.subscription_acked(self, snap)
 

@@ -1,5 +1,6 @@
 from broker.ledger.position import Position as P
 from broker.replication import markers
+from broker.replication.origin_acks import OriginAcks
 from broker.replication.snapshot import SnapshotBuilder, SnapshotCache
 
 
@@ -40,6 +41,12 @@ def test_cache_returns_newest_usable_and_keeps_spread():
 def test_marker_encoding_round_trip():
     kind, msg = markers.parse(markers.snapshot_request("id1", "a"))
     assert kind == markers.SNAPSHOT_REQUEST and msg.source_cluster == "a"
-    kind, msg = markers.parse(markers.update("sub", {"b": P(3, 4)}, {"b": [(P(3, 6), P(3, 9))]}))
+    acks = {"b": OriginAcks(acked_through=P(2, 7), ranges=[(P(3, 6), P(3, 9)), (P(3, 12), P(4, -1))],
+                            batches=[(P(4, 2), 10, (0, 3))])}
+    kind, msg = markers.parse(markers.update("sub", {"b": P(3, 4)}, acks))
     assert kind == markers.UPDATE and msg.clusters[0].message_id.entry_id == 4
     assert msg.individually_acked[0].range_end[0].entry_id == 9
+    back = markers.parse_origin_acks(msg.individually_acked)["b"]
+    assert back.acked_through == P(2, 7) and back.batches == [(P(4, 2), 10, (0, 3))]
+    # (4, -1) closes before ledger 4: encoded as the end of ledger 3
+    assert back.ranges[0] == (P(3, 6), P(3, 9)) and back.ranges[1][1] == P(3, 2**63 - 1)
