@@ -97,6 +97,7 @@ class PositionMap:
         self.cluster, self.topic = cluster, topic
         self.positions: list[tuple[int, int]] = []
         self.numbers: list[int] = []
+        self.arrived: dict[int, float] = {}    # message number -> epoch s it was read in B
         self.call = None
         self.task = None
 
@@ -141,6 +142,7 @@ class PositionMap:
                 for data in datas:
                     self.positions.append((e.position.ledger_id, e.position.entry_id))
                     self.numbers.append(int.from_bytes(data[:8], "big"))
+                    self.arrived.setdefault(self.numbers[-1], time.time())
                     got += 1
             if last is not None:
                 # permits back at half the window, a cumulative ack at most every
@@ -176,6 +178,28 @@ class PositionMap:
             self.task.cancel()
         if self.call is not None:
             self.call.cancel()
+
+
+async def scrape(cluster) -> dict[str, float]:
+    """The ``pulsar_replicated_subscriptions_*`` series of ``cluster``'s /metrics
+    (name -> value; {} when the broker has no such metrics, e.g. an older checkout)."""
+    import urllib.request
+
+    try:
+        port = int(cluster.proc.stdout_log.read_text().split("http_port=")[-1].split()[0])
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+    except Exception:   # noqa: BLE001 - figures only
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("pulsar_replicated_subscriptions_"):
+            name = line.split("{")[0].split(" ")[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
 
 
 def parse_position(text: str) -> tuple[int, int] | None:
@@ -242,7 +266,16 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
                 nxt += interval
                 await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
-        tasks = [asyncio.create_task(consume()), asyncio.create_task(poll())]
+        samples: dict[str, list[dict]] = {"a": [], "b": []}
+
+        async def sample_metrics():
+            # the memory of the origin-id state (index, received acks, pending) once a second
+            while not stop_polling.is_set():
+                samples["a"].append(await scrape(a))
+                samples["b"].append(await scrape(b))
+                await asyncio.sleep(1.0)
+
+        tasks = [asyncio.create_task(consume()), asyncio.create_task(poll()), asyncio.create_task(sample_metrics())]
         meter = br.CpuMeter(cs.cpu_groups()).start()
         cpu_main0 = time.process_time()
         producer = await br.Worker("producer", [
@@ -271,6 +304,7 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
                 break
             await asyncio.sleep(0.05)
         stop_polling.set()
+        final_a = await scrape(a)
         cpu = meter.stop()
         cpu.update(producer=prod["cpu_s"], bench_process=round(time.process_time() - cpu_main0, 2))
     finally:
@@ -314,6 +348,14 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
                        "polls": [(sent, answered, mdp, backlog, lac, pmap.covered(mdp) if mdp else -1,
                                   pmap.covered_by_count(lac, backlog) if lac else -1)
                                  for sent, answered, mdp, backlog, lac in polls]}, f)
+    # the floor of any scheme: from the ack in A to the message itself being readable in B
+    # (the UPDATE follows the data in the same replication stream); 1 us when it was there first
+    arrival = LatencyRecorder()
+    for k in measured:
+        t = pmap.arrived.get(k)
+        if t is not None:
+            arrival.record(max(1, int((t - t_ack[k]) * 1e6)))
+    arr = arrival.total()
     rtts = LatencyRecorder()
     for sent, answered, *_ in polls:
         rtts.record(int((answered - sent) * 1e6))
@@ -337,11 +379,30 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         "mark_delete_latency_ms_p50": md_p["p50"], "mark_delete_latency_ms_p99": md_p["p99"],
         "mark_delete_latency_ms_p999": md_p["p99.9"], "mark_delete_latency_ms_max": md_p["max"],
         "mark_delete_latency_ms_mean": md_p["mean"],
+        "message_in_b_after_ack_ms_p50": arr["p50"], "message_in_b_after_ack_ms_p99": arr["p99"],
         "polls": len(polls), "poll_rtt_ms_p50": r["p50"], "poll_rtt_ms_p99": r["p99"],
         "b_mark_delete_positions_seen": len({mdp for _, _, mdp, _, _ in polls if mdp}),
         "b_final_msg_backlog": polls[-1][3] if polls else None,
         "cpu_s": cpu, "loadavg_1m": br.loadavg(),
     }
+    # issue 15: marker bytes per acknowledged message and the memory of the origin-id state
+    # (None on a checkout without these metrics)
+    def peak(side: str, name: str):
+        vals = [m[name] for m in samples[side] if name in m]
+        return max(vals) if vals else None
+
+    upd_bytes = final_a.get("pulsar_replicated_subscriptions_update_marker_bytes_total")
+    result.update({
+        "a_update_markers": final_a.get("pulsar_replicated_subscriptions_update_markers_total"),
+        "a_update_marker_bytes": upd_bytes,
+        "marker_bytes_per_acked_message": round(upd_bytes / len(t_ack), 3) if upd_bytes and t_ack else None,
+        "b_pending_acks_max": peak("b", "pulsar_replicated_subscriptions_pending_acks"),
+        "b_received_acks_bytes_max": peak("b", "pulsar_replicated_subscriptions_received_acks_bytes"),
+        "a_origin_index_bytes_max": peak("a", "pulsar_replicated_subscriptions_origin_index_bytes"),
+        "b_origin_index_bytes_max": peak("b", "pulsar_replicated_subscriptions_origin_index_bytes"),
+        "b_origin_index_runs_max": peak("b", "pulsar_replicated_subscriptions_origin_index_runs"),
+    })
+    progress(f"[{label}] message in B after the ack in A: p50 {arr['p50']} ms, p99 {arr['p99']} ms")
     progress(f"[{label}] ack in A -> acknowledged in B (msgBacklog): p50 {ack_p['p50']} ms, p99 {ack_p['p99']} ms "
              f"({ack_n}/{len(measured)}); -> mark-delete in B: p50 {md_p['p50']} ms, p99 {md_p['p99']} ms "
              f"({md_n}/{len(measured)}); {len(polls)} polls, rtt p50 {r['p50']} ms")

@@ -139,7 +139,21 @@ class ReplicatedSubscriptionsController:
                                                   name=f"origin-scan {self.topic.name}")
 
     async def close(self) -> None:
-        """Stop the tick task and drop the pending snapshots (no longer counted as pending)."""
+        """Write the UPDATEs held back by the rate limit (the topic is closing: they
+        replicate once it is loaded again), stop the tick task and drop the pending
+        snapshots (no longer counted as pending)."""
+        flushes = []
+        for sub in list(self.topic.subscriptions.values()):
+            if sub.update_timer is not None:
+                try:
+                    fut = self._send_update(sub, closing=True)
+                except Exception as exc:   # noqa: BLE001 - e.g. the ledger is fenced: nothing to flush to
+                    log.info("%s last UPDATE of %s not written: %s", self.log_prefix, sub.name, exc)
+                    continue
+                if fut is not None:
+                    flushes.append(fut)
+        if flushes:
+            await asyncio.wait(flushes, timeout=5)
         if self._task is not None:
             self._task.cancel()
             try:
@@ -415,23 +429,26 @@ class ReplicatedSubscriptionsController:
         elif subscription.update_timer is None:
             subscription.update_timer = loop.call_later(max(0.0, wait), self._send_update, subscription)
 
-    def _send_update(self, subscription: "Subscription") -> None:
+    def _send_update(self, subscription: "Subscription", closing: bool = False) -> Optional[asyncio.Future]:
+        """Write an UPDATE marker for ``subscription`` now; returns the write's future
+        (None when nothing was written: topic closed, nothing acknowledged)."""
         if subscription.update_timer is not None:
             subscription.update_timer.cancel()
             subscription.update_timer = None
-        if self.topic.closed:
-            return
+        if self.topic.closed and not closing:
+            return None
         subscription.last_update_sent = asyncio.get_running_loop().time()
         snap = subscription.last_snapshot_used
         clusters = {c.cluster: markers.position(c.message_id) for c in snap.clusters} if snap is not None else {}
         origins = self.acked_origins(subscription)
         if not clusters and not origins:
-            return
+            return None
         data = markers.update(subscription.name, clusters, origins)
         ControllerStats.update_markers += 1
         ControllerStats.update_marker_bytes += len(data)
-        self.topic.write_marker(data)
+        fut = self.topic.write_marker(data)
         self._prune_index()
+        return fut
 
     def acked_origins(self, subscription: "Subscription") -> dict:
         """The subscription's acknowledged state as {origin cluster: OriginAcks}
@@ -472,9 +489,12 @@ class ReplicatedSubscriptionsController:
         if mine is None and not state:
             return
         name = msg.subscription_name
+        sub = topic.subscriptions.get(name)
+        if sub is None:
+            # created anew (again, after an unsubscribe here): nothing applied yet
+            self.remote[name] = RemoteAcks()
         remote = self._remote_of(name)
         pieces = remote.apply(sender, state) if state else []
-        sub = topic.subscriptions.get(name)
         if sub is None:
             start = self._creation_position(sender, remote, mine)
             sub = await topic.create_replicated_subscription(name, start)
