@@ -24,6 +24,7 @@ partition has published through its new owner.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import signal
 import time
@@ -125,12 +126,10 @@ class Failovers:
     async def partition_owners(self, cluster: str, timeout_s: float = 5.0) -> dict[int, str]:
         """partition index -> service URL of the broker serving it in ``cluster`` (Pulsar's
         ``topics lookup``; an unowned bundle gets an owner)."""
-        out = {}
-        for i in range(self.partitions):
-            answer = await asyncio.wait_for(self.admins[cluster].lookup_topic(f"{self.spec.topic}-partition-{i}"),
-                                            timeout_s)
-            out[i] = answer["broker_url"]
-        return out
+        answers = await asyncio.gather(*(
+            asyncio.wait_for(self.admins[cluster].lookup_topic(f"{self.spec.topic}-partition-{i}"), timeout_s)
+            for i in range(self.partitions)))
+        return {i: answer["broker_url"] for i, answer in enumerate(answers)}
 
     async def _failover_broker(self, region, total: int, owners: dict[int, str]) -> None:
         from deploy.flights_replay import DemoError
@@ -150,9 +149,10 @@ class Failovers:
         deliveries_before = {r.name: r.board.deliveries for r in self.regions.values()}
         os.kill(pid, signal.SIGKILL)
         t_kill = time.monotonic()
+        killed_at = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")   # to match the logs
         at_flight = region.acked
         self.takeover.killed(moved, t_kill)
-        self._note(f"failover: killed -9 broker {url} of {self.victim} (pid {pid}, owner of partition(s) "
+        self._note(f"failover: at {killed_at} killed -9 broker {url} of {self.victim} (pid {pid}, owner of partition(s) "
                    f"{', '.join(map(str, moved))} of {self.partitions}) at flight {at_flight:,}/{total:,}; "
                    f"no restart: its bundles move to the cluster's other broker(s)")
         # lookups name a live owner for every moved partition
@@ -179,6 +179,7 @@ class Failovers:
                    f"published again after {_secs(every)}")
         self.failover_report = {
             "mode": "broker", "killed": self.victim, "cluster": self.victim, "broker": url, "pid": pid,
+            "killed_at": killed_at,
             "partitions_moved": moved, "partitions": self.partitions, "owners_before": owners,
             "new_owners": new_owners, "at_flight": at_flight,
             "owners_live_s": owners_s, "first_publish_s": first, "all_partitions_published_s": every,
