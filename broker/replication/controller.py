@@ -55,7 +55,7 @@ from proto.entry_format import peek_metadata
 from proto.errors import CorruptedMessage
 
 from . import markers
-from .origin_acks import MAX_UPDATE_BATCHES, MAX_UPDATE_RANGES, RemoteAcks, acked_origins
+from .origin_acks import MAX_UPDATE_BATCHES, MAX_UPDATE_RANGES, RemoteAcks, acked_origins, creation_position
 from .origin_index import OriginIndex
 from .snapshot import SnapshotBuilder
 
@@ -124,6 +124,7 @@ class ReplicatedSubscriptionsController:
         self._props_wanted: dict[str, dict] = {}
         self._props_tasks: dict[str, asyncio.Task] = {}
         self._last_prune = 0.0
+        self._updates_seen: dict[Position, None] = {}   # UPDATE markers applied (recent, ordered, bounded)
         self.acked_on_arrival = 0       # entries acknowledged when they arrived (pending ids)
         self.updates_applied = 0
         self.pending_persists = 0
@@ -249,16 +250,26 @@ class ReplicatedSubscriptionsController:
                 self.topic.write_marker(markers.snapshot(msg.snapshot_id, self.local_cluster, builder.local,
                                                          builder.responses))
         elif kind == markers.UPDATE:
+            if entry.position in self._updates_seen:
+                return     # applied when it was stored; the replicator reads it again
+            self._updates_seen[entry.position] = None
+            if len(self._updates_seen) > 4096:
+                del self._updates_seen[next(iter(self._updates_seen))]
             asyncio.ensure_future(self._apply_update_serialized(from_cluster, msg))
 
     # ---- the origin index (issue 15) -----------------------------------------
-    def note_entry(self, pos: Position, md) -> None:
-        """An entry was just stored at ``pos`` (``md``: its MessageMetadata). A data
-        entry goes into the origin index (origin: ``replicated_from`` and its source
-        position, else this cluster and ``pos``; scope: ``replicate_to``), and is
-        acknowledged at once in the replicated subscriptions whose pending
-        acknowledgments from other clusters name it. Markers are skipped."""
+    def note_entry(self, pos: Position, md, data: Optional[bytes] = None) -> None:
+        """An entry was just stored at ``pos`` (``md``: its MessageMetadata, ``data``: its
+        bytes). A data entry goes into the origin index (origin: ``replicated_from``
+        and its source position, else this cluster and ``pos``; scope:
+        ``replicate_to``), and is acknowledged at once in the replicated
+        subscriptions whose pending acknowledgments from other clusters name it. An
+        UPDATE from another cluster is applied as it is stored (the entries it
+        names that came in the same replication stream are stored before it),
+        not when this cluster's replicator reads it back. Other markers are skipped."""
         if markers.is_marker(md):
+            if data is not None and md.marker_type == markers.UPDATE and md.HasField("replicated_from"):
+                self.received_marker(md.replicated_from, Entry(pos, data), md)
             return
         if md.HasField("replicated_from"):
             origin = md.replicated_from
@@ -514,45 +525,14 @@ class ReplicatedSubscriptionsController:
         self._prune_index()
 
     def _creation_position(self, sender: str, remote: RemoteAcks, mine: Optional[Position]) -> Position:
-        """Where a subscription created by an UPDATE from ``sender`` starts (its
-        mark-delete position): just before the first data entry here that ``sender``
-        did not acknowledge, walking the origin index. When the index does not
-        start at the first entry, entries before it count as acknowledged only if
-        the first indexed entry of every origin is; otherwise the walk starts at
-        the first entry (possible redeliveries, never a skipped message). At or
-        after the PIP-33 position ``mine`` when given."""
+        """Where a subscription created by an UPDATE from ``sender`` starts
+        (``origin_acks.creation_position``), at or after the PIP-33 position ``mine``."""
         ml = self.topic.ml
-        first = ml.first_position()
-        earliest = Position(first.ledger_id, first.entry_id - 1)
-        index = self.index
-        start = earliest
-        if index.complete_after is not None and index.complete_after >= first:
-            heads: dict[str, object] = {}
-            for run in index.runs:
-                heads.setdefault(run.origin, run)
-            if all(r.includes(sender) and remote.covered_until(sender, o, r.origin_start) is not None
-                   for o, r in heads.items()):
-                start = index.complete_after
-        pos = start
-        for run in index.runs_after(start):
-            if not run.includes(sender):
-                pos = ml.previous_position(run.local_start)
-                break
-            end = remote.covered_until(sender, run.origin, run.origin_start)
-            if end is None:
-                pos = ml.previous_position(run.local_start)
-                break
-            if end < run.origin_end:
-                pos = Position(run.local_ledger, run.local_first + end.entry_id - run.origin_first)
-                break
-            pos = run.local_end
-        else:
-            pos = max(pos, ml.last_confirmed)
-        if pos.ledger_id < 0:
-            pos = earliest
-        if mine is not None:
-            pos = max(pos, mine)
-        return min(max(pos, earliest), ml.last_confirmed) if ml.last_confirmed >= earliest else earliest
+        pos = creation_position(self.index, remote, sender, ml.first_position(), ml.last_confirmed,
+                                ml.previous_position)
+        if mine is not None and mine > pos:
+            pos = mine
+        return pos
 
     def _ack_pieces(self, sub: "Subscription", sender: str, pieces: list) -> None:
         """Acknowledge in ``sub`` the local copies of ``pieces`` (origin_acks.Piece) that

@@ -45,7 +45,7 @@ from broker.ledger.position import Position
 
 from .origin_index import OriginIndex
 
-__all__ = ["OriginAcks", "acked_origins", "RemoteAcks", "Piece", "subtract", "union",
+__all__ = ["OriginAcks", "acked_origins", "RemoteAcks", "Piece", "subtract", "union", "creation_position",
            "MAX_UPDATE_RANGES", "MAX_UPDATE_BATCHES", "MAX_WALK_RUNS", "MAX_TRACKED_RANGES",
            "MAX_TRACKED_BATCHES", "MIN_POSITION"]
 
@@ -403,3 +403,44 @@ class RemoteAcks:
             total += 200 + 180 * len(t.ranges)
             total += sum(250 + 30 * len(ix) for _, ix in t.batches.values())
         return total
+
+
+def creation_position(index: OriginIndex, remote: RemoteAcks, sender: str, first: Position,
+                      last_confirmed: Position, previous: Callable[[Position], Position]) -> Position:
+    """The mark-delete position of a subscription created here by an UPDATE from
+    ``sender`` (whose state ``remote`` holds): just before the first data entry
+    here that ``sender`` did not acknowledge, walking ``index`` in local order.
+
+    ``first``: the topic's first entry; ``last_confirmed``: its last entry;
+    ``previous(pos)``: the entry before ``pos`` (``Position(-1, -1)`` when none).
+    When the index window does not start at ``first``, the entries before it
+    count as acknowledged only if the first indexed entry of every origin is
+    (then the older ones of that origin are too, in origin order); otherwise the
+    walk starts at the first entry (redeliveries possible, never a skipped
+    message). Runs ``sender`` could not have (``replicate_to``) stop the walk.
+    Returns a position between ``first`` - 1 and ``last_confirmed``."""
+    earliest = Position(first.ledger_id, first.entry_id - 1)
+    start = earliest
+    if index.complete_after is not None and index.complete_after >= first:
+        heads: dict[str, object] = {}
+        for run in index.runs:
+            heads.setdefault(run.origin, run)
+        if not all(r.includes(sender) and remote.covered_until(sender, o, r.origin_start) is not None
+                   for o, r in heads.items()):
+            return earliest      # the entries before the window are not known to be acknowledged
+        start = index.complete_after
+    pos = start
+    for run in index.runs_after(start):
+        end = remote.covered_until(sender, run.origin, run.origin_start) if run.includes(sender) else None
+        if end is None:
+            pos = previous(run.local_start)
+            break
+        if end < run.origin_end:
+            pos = Position(run.local_ledger, run.local_first + end.entry_id - run.origin_first)
+            break
+        pos = run.local_end
+    else:
+        pos = max(pos, last_confirmed)
+    if pos < earliest:
+        pos = earliest
+    return min(pos, last_confirmed) if last_confirmed >= earliest else earliest

@@ -307,7 +307,7 @@ class PersistentTopic:
             else:
                 self.last_data_publish_ms = int(time.time() * 1000)
             if self.controller is not None:
-                self.controller.note_entry(pos, md)
+                self.controller.note_entry(pos, md, data)
             if check_dedup and self.dedup.record_persisted(producer.name, highest):
                 self._dedup_snapshot(pos)
             if self.write_fenced:

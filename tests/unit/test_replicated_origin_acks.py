@@ -232,3 +232,42 @@ def test_model_receiver_acknowledges_exactly_what_the_sender_did(case):
     for tok in b_tokens[arrived:]:
         assert fresh.match(tok[0], origin_pos[tok], scope.get(tok))[0] == (tok in acked)
     assert all(h is None or isinstance(h, P) for h in high.values())
+
+
+# ---- where a subscription created by an UPDATE starts ---------------------------
+def _prev(pos):
+    return P(pos.ledger_id, pos.entry_id - 1) if pos.entry_id > 0 else P(-1, -1)
+
+
+def test_creation_position_walks_to_the_first_unacknowledged_entry():
+    from broker.replication.origin_acks import creation_position
+
+    ix = OriginIndex(complete_after=P(1, -1))
+    for e in range(6):
+        ix.add(P(1, e), "a", P(7, e))           # a's messages 7:0..7:5 at 1:0..1:5 here
+    ix.add(P(1, 7), "c", P(9, 0), frozenset({"c", "b"}))   # one a never had (replicate_to)
+    r = RemoteAcks()
+    r.apply("a", {"a": OriginAcks(acked_through=P(7, 2), ranges=[(P(7, 4), P(7, 5))])})
+    assert creation_position(ix, r, "a", P(1, 0), P(1, 7), _prev) == P(1, 2)   # 1:3 = a's 7:3 not acked
+    r.apply("a", {"a": OriginAcks(acked_through=P(7, 5))})
+    assert creation_position(ix, r, "a", P(1, 0), P(1, 7), _prev) == P(1, 6)   # stops before c's message
+    fresh = RemoteAcks()
+    fresh.apply("a", {"c": OriginAcks(acked_through=P(9, 0))})
+    assert creation_position(ix, fresh, "a", P(1, 0), P(1, 7), _prev) == P(1, -1)   # nothing of a's acked
+
+
+def test_creation_position_before_the_index_window():
+    from broker.replication.origin_acks import creation_position
+
+    ix = OriginIndex(complete_after=P(1, 49))   # entries 1:0..1:49 not indexed (a big old topic)
+    ix.add(P(1, 50), "a", P(7, 50))
+    ix.add(P(1, 51), "a", P(7, 51))
+    r = RemoteAcks()
+    r.apply("a", {"a": OriginAcks(acked_through=P(7, 50))})
+    assert creation_position(ix, r, "a", P(1, 0), P(1, 51), _prev) == P(1, 50)   # older ones acked too
+    r2 = RemoteAcks()
+    r2.apply("a", {"a": OriginAcks(ranges=[(P(7, 51), P(7, 51))])})
+    assert creation_position(ix, r2, "a", P(1, 0), P(1, 51), _prev) == P(1, -1)  # unknown: from the start
+    r3 = RemoteAcks()
+    r3.apply("a", {"a": OriginAcks(acked_through=P(7, 60))})
+    assert creation_position(ix, r3, "a", P(1, 0), P(1, 51), _prev) == P(1, 51)  # all of it, up to the end
