@@ -10,9 +10,12 @@ with Pulsar's ``pulsar-admin`` verbs and argument shapes.
     minipulsar-admin topics stats persistent://acme/orders/o --json
     minipulsar-admin topics reset-cursor my-topic -s my-sub -t 10m
 
-Each cluster keeps its own metadata (clusters, tenants, namespaces, policies):
-a call changes only the cluster whose broker it is sent to.  To apply the
-same change to several clusters (the geo demo does this), repeat
+Clusters that share a configuration store (Pulsar's
+configurationMetadataStoreUrl; the geo demo's) see one set of clusters,
+tenants, namespaces and policies: a change made once, against any of them,
+applies to all.  Without one, each cluster keeps its own metadata and a call
+changes only the cluster whose broker it is sent to.  To apply the same
+change to several such clusters, repeat
 ``--service-url`` or give a comma-separated list; the command then runs
 against each of them in turn, prints each cluster's answer under a
 ``== <url> ==`` header (``--json``: one object ``{url: answer}``), goes on
@@ -42,9 +45,11 @@ from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, default_s
 __all__ = ["main", "build_parser", "render", "parse_reset_time", "split_list", "service_urls"]
 
 _HELP_EPILOG = f"""\
-Each cluster keeps its own metadata: a call changes only the cluster it is
-sent to.  Repeat --service-url (or give a comma-separated list) to apply the
-same change to several clusters, e.g. in a geo-replicated setup:
+Clusters sharing a configuration store (--configuration-metadata-store-url of
+their brokers, as in the geo demo) see every tenant and namespace change made
+once.  Otherwise each cluster keeps its own metadata: a call changes only the
+cluster it is sent to; repeat --service-url (or give a comma-separated list)
+to apply the same change to several clusters, e.g.:
 
   minipulsar-admin --service-url minipulsar://a:6600,minipulsar://b:6600 \\
       namespaces set-clusters acme/orders --clusters a,b
