@@ -239,12 +239,31 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         polls: list[tuple[float, float, tuple[int, int] | None, int, tuple[int, int] | None]] = []
         stop_polling = asyncio.Event()
 
+        a_positions: list[tuple[int, int]] = []    # A's position of each message, in order
+        a_numbers: list[int] = []
+        a_polls: list[tuple[float, tuple[int, int] | None]] = []   # (answered, A's mark-delete)
+
         async def consume():
             while True:
                 msg = await consumer.receive()
                 k = int.from_bytes(msg.data()[:8], "big")
+                mid = msg.message_id()
+                a_positions.append((mid.ledger_id, mid.entry_id))
+                a_numbers.append(k)
                 consumer.acknowledge_cumulative(msg)
                 t_ack[k] = time.time()
+
+        async def poll_a():
+            # when A's broker applied the acknowledgment (its mark-delete position)
+            interval = args.poll_ms / 1000.0
+            while not stop_polling.is_set():
+                try:
+                    stats = await a.admin("topics.stats", topic=topic)
+                    sub = stats["subscriptions"].get(SUBSCRIPTION)
+                    a_polls.append((time.time(), parse_position(sub["markDeletePosition"]) if sub else None))
+                except Exception:   # noqa: BLE001
+                    pass
+                await asyncio.sleep(interval)
 
         async def poll():
             interval = args.poll_ms / 1000.0
@@ -275,7 +294,8 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
                 samples["b"].append(await scrape(b))
                 await asyncio.sleep(1.0)
 
-        tasks = [asyncio.create_task(consume()), asyncio.create_task(poll()), asyncio.create_task(sample_metrics())]
+        tasks = [asyncio.create_task(consume()), asyncio.create_task(poll()), asyncio.create_task(sample_metrics()),
+                 asyncio.create_task(poll_a())]
         meter = br.CpuMeter(cs.cpu_groups()).start()
         cpu_main0 = time.process_time()
         producer = await br.Worker("producer", [
@@ -336,6 +356,32 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
                 n += 1
         return lat.total(), n
 
+    def first_cover_times(coverage: list[tuple[float, int]]) -> dict[int, float]:
+        """k -> time of the first poll covering k, for the measured k."""
+        out, best, j = {}, -1, 0
+        for k in measured:
+            while best < k and j < len(coverage):
+                best = max(best, coverage[j][1])
+                j += 1
+            if best >= k:
+                out[k] = coverage[j - 1][0]
+        return out
+
+    def covered_in_a(mdp) -> int:
+        i = bisect.bisect_right(a_positions, mdp)
+        return a_numbers[i - 1] if i else -1
+
+    # split the path: the ack reaching A's broker (SDK stream), then A's broker -> B
+    a_cov = [(t, covered_in_a(mdp) if mdp else -1) for t, mdp in a_polls]
+    in_a = first_cover_times(a_cov)
+    in_b = first_cover_times([(answered, pmap.covered_by_count(lac, backlog) if lac else -1)
+                              for _, answered, _, backlog, lac in polls])
+    applied_a, a_to_b = LatencyRecorder(), LatencyRecorder()
+    for k, t in in_a.items():
+        applied_a.record(max(1, int((t - t_ack[k]) * 1e6)))
+        if k in in_b:
+            a_to_b.record(max(1, int((in_b[k] - t) * 1e6)))
+    applied_a_p, a_to_b_p = applied_a.total(), a_to_b.total()
     md_p, md_n = first_cover([(answered, pmap.covered(mdp) if mdp else -1) for _, answered, mdp, _, _ in polls])
     ack_p, ack_n = first_cover([(answered, pmap.covered_by_count(lac, backlog) if lac else -1)
                                 for _, answered, _, backlog, lac in polls])
@@ -380,6 +426,10 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         "mark_delete_latency_ms_p999": md_p["p99.9"], "mark_delete_latency_ms_max": md_p["max"],
         "mark_delete_latency_ms_mean": md_p["mean"],
         "message_in_b_after_ack_ms_p50": arr["p50"], "message_in_b_after_ack_ms_p99": arr["p99"],
+        # the same path in two halves: the ack applied by A's broker (its mark-delete position
+        # polled), then from there to acknowledged in B (the part this feature is about)
+        "ack_applied_in_a_ms_p50": applied_a_p["p50"], "ack_applied_in_a_ms_p99": applied_a_p["p99"],
+        "applied_in_a_to_acked_in_b_ms_p50": a_to_b_p["p50"], "applied_in_a_to_acked_in_b_ms_p99": a_to_b_p["p99"],
         "polls": len(polls), "poll_rtt_ms_p50": r["p50"], "poll_rtt_ms_p99": r["p99"],
         "b_mark_delete_positions_seen": len({mdp for _, _, mdp, _, _ in polls if mdp}),
         "b_final_msg_backlog": polls[-1][3] if polls else None,
@@ -402,7 +452,9 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         "b_origin_index_bytes_max": peak("b", "pulsar_replicated_subscriptions_origin_index_bytes"),
         "b_origin_index_runs_max": peak("b", "pulsar_replicated_subscriptions_origin_index_runs"),
     })
-    progress(f"[{label}] message in B after the ack in A: p50 {arr['p50']} ms, p99 {arr['p99']} ms")
+    progress(f"[{label}] message in B after the ack in A: p50 {arr['p50']} ms, p99 {arr['p99']} ms; ack applied in "
+             f"A p50 {applied_a_p['p50']} / p99 {applied_a_p['p99']} ms, from there to acknowledged in B "
+             f"p50 {a_to_b_p['p50']} / p99 {a_to_b_p['p99']} ms")
     progress(f"[{label}] ack in A -> acknowledged in B (msgBacklog): p50 {ack_p['p50']} ms, p99 {ack_p['p99']} ms "
              f"({ack_n}/{len(measured)}); -> mark-delete in B: p50 {md_p['p50']} ms, p99 {md_p['p99']} ms "
              f"({md_n}/{len(measured)}); {len(polls)} polls, rtt p50 {r['p50']} ms")
