@@ -98,6 +98,7 @@ class PositionMap:
         self.positions: list[tuple[int, int]] = []
         self.numbers: list[int] = []
         self.arrived: dict[int, float] = {}    # message number -> epoch s it was read in B
+        self.published: dict[int, float] = {}  # message number -> its publish time in A (epoch s)
         self.call = None
         self.task = None
 
@@ -143,6 +144,7 @@ class PositionMap:
                     self.positions.append((e.position.ledger_id, e.position.entry_id))
                     self.numbers.append(int.from_bytes(data[:8], "big"))
                     self.arrived.setdefault(self.numbers[-1], time.time())
+                    self.published.setdefault(self.numbers[-1], md.publish_time / 1000.0)
                     got += 1
             if last is not None:
                 # permits back at half the window, a cumulative ack at most every
@@ -402,6 +404,12 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         if t is not None:
             arrival.record(max(1, int((t - t_ack[k]) * 1e6)))
     arr = arrival.total()
+    # the replication lag A -> B of the measured messages (publish time in A to readable in B)
+    repl = LatencyRecorder()
+    for k in measured:
+        if k in pmap.arrived and k in pmap.published:
+            repl.record(max(1, int((pmap.arrived[k] - pmap.published[k]) * 1e6)))
+    repl_p = repl.total()
     rtts = LatencyRecorder()
     for sent, answered, *_ in polls:
         rtts.record(int((answered - sent) * 1e6))
@@ -426,6 +434,7 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         "mark_delete_latency_ms_p999": md_p["p99.9"], "mark_delete_latency_ms_max": md_p["max"],
         "mark_delete_latency_ms_mean": md_p["mean"],
         "message_in_b_after_ack_ms_p50": arr["p50"], "message_in_b_after_ack_ms_p99": arr["p99"],
+        "replication_lag_ms_p50": repl_p["p50"], "replication_lag_ms_p99": repl_p["p99"],
         # the same path in two halves: the ack applied by A's broker (its mark-delete position
         # polled), then from there to acknowledged in B (the part this feature is about)
         "ack_applied_in_a_ms_p50": applied_a_p["p50"], "ack_applied_in_a_ms_p99": applied_a_p["p99"],
@@ -452,7 +461,8 @@ async def run_setting(base: Path, snapshot_ms: int, update_ms: int, args) -> dic
         "b_origin_index_bytes_max": peak("b", "pulsar_replicated_subscriptions_origin_index_bytes"),
         "b_origin_index_runs_max": peak("b", "pulsar_replicated_subscriptions_origin_index_runs"),
     })
-    progress(f"[{label}] message in B after the ack in A: p50 {arr['p50']} ms, p99 {arr['p99']} ms; ack applied in "
+    progress(f"[{label}] replication lag a -> b p50 {repl_p['p50']} / p99 {repl_p['p99']} ms; "
+             f"message in B after the ack in A: p50 {arr['p50']} ms, p99 {arr['p99']} ms; ack applied in "
              f"A p50 {applied_a_p['p50']} / p99 {applied_a_p['p99']} ms, from there to acknowledged in B "
              f"p50 {a_to_b_p['p50']} / p99 {a_to_b_p['p99']} ms")
     progress(f"[{label}] ack in A -> acknowledged in B (msgBacklog): p50 {ack_p['p50']} ms, p99 {ack_p['p99']} ms "
