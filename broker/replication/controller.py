@@ -120,7 +120,6 @@ class ReplicatedSubscriptionsController:
         self._scan_task: Optional[asyncio.Task] = None
         self.remote: dict[str, RemoteAcks] = {}    # subscription -> acknowledgments received by origin id
         self._restored: dict[tuple[str, str], list] = {}
-        self._persisted_pending: dict[tuple[str, str], str] = {}
         self._props_wanted: dict[str, dict] = {}
         self._props_tasks: dict[str, asyncio.Task] = {}
         self._last_prune = 0.0
@@ -390,7 +389,6 @@ class ReplicatedSubscriptionsController:
                 pieces = self._remote_of(name).apply(sender, state)
                 self._restored[(name, sender)] = pieces
                 ControllerStats.pending_restored += len(pieces)
-                self._persisted_pending[(name, sender)] = value
                 log.info("%s %s: %d pending acknowledgments from %s restored", self.log_prefix, name,
                          len(pieces), sender)
 
