@@ -31,8 +31,9 @@
   entries arrive (``note_entry``). The pending part is persisted in the
   subscription's cursor properties (``PENDING_PROPERTY_PREFIX`` + sender, in
   ManagedCursorInfo in the metadata store, written only when it changes) so a
-  broker restart loses nothing; the backlog is scanned once at topic load to
-  rebuild the index. A subscription missing here is created by the first
+  broker restart loses nothing; the backlog is scanned once to rebuild the
+  index: at topic load when the topic has a replicated subscription, else when
+  an UPDATE first creates one (a plain replicated topic reads nothing more). A subscription missing here is created by the first
   UPDATE just before the first entry the sender did not acknowledge.
 * PIP-33 snapshots stay: the UPDATE still carries the positions of the last
   snapshot the subscription passed (Pulsar-compatible cumulative positions), and
@@ -118,6 +119,7 @@ class ReplicatedSubscriptionsController:
         self.index_ready = asyncio.Event()     # set once the backlog scan is done: UPDATEs wait for it
         self._scan_end = topic.ml.last_confirmed
         self._scan_task: Optional[asyncio.Task] = None
+        self._lazy_scan_end: Optional[Position] = None   # entries up to here not scanned yet (no subscription)
         self.remote: dict[str, RemoteAcks] = {}    # subscription -> acknowledgments received by origin id
         self._restored: dict[tuple[str, str], list] = {}
         self._props_wanted: dict[str, dict] = {}
@@ -135,8 +137,14 @@ class ReplicatedSubscriptionsController:
         if self._task is None:
             self._task = asyncio.create_task(self._loop())
             self._restore_pending()
-            self._scan_task = asyncio.create_task(self._scan_backlog(self._scan_end),
-                                                  name=f"origin-scan {self.topic.name}")
+            if any(s.replicated for s in self.topic.subscriptions.values()):
+                self._scan_task = asyncio.create_task(self._scan_backlog(self._scan_end),
+                                                      name=f"origin-scan {self.topic.name}")
+            else:
+                # nothing to compute or match yet: the backlog is scanned only if an UPDATE
+                # creates a subscription here (a plain replicated topic reads nothing at load)
+                self._lazy_scan_end = self._scan_end
+                self.index_ready.set()
 
     async def close(self) -> None:
         """Write the UPDATEs held back by the rate limit (the topic is closing: they
@@ -505,6 +513,9 @@ class ReplicatedSubscriptionsController:
         remote = self._remote_of(name)
         pieces = remote.apply(sender, state) if state else []
         if sub is None:
+            if self._lazy_scan_end is not None:
+                end, self._lazy_scan_end = self._lazy_scan_end, None
+                await self._scan_backlog(end)
             start = self._creation_position(sender, remote, mine)
             sub = await topic.create_replicated_subscription(name, start)
             log.info("%s subscription %s created by an UPDATE from %s at %s", self.log_prefix, name, sender, start)
