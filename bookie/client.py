@@ -77,6 +77,7 @@ import grpc
 
 from proto import bookie_pb2 as pb
 from proto import metadata_pb2
+from proto.channels import ChannelSecurity
 
 from .connection import GRPC_CHANNEL_OPTIONS, PROBE_TIMEOUT_S, BookieConnection
 from .errors import BKException, NoSuchLedgerError, NotEnoughBookiesError
@@ -116,12 +117,15 @@ class BookKeeper:
     NotEnoughBookiesError. ``None`` disables it.
     ``failed_bookie_quarantine_s``: a failed bookie is not chosen for new
     ensembles or as a spare for this long (seconds).
+    ``security``: ``proto.channels.ChannelSecurity`` of the connections to the
+    bookies (None: plaintext, no credentials).
     """
 
     def __init__(self, metadata: MetadataAccess, bookies: Optional[list[str]] = None, *,
                  max_entry_size_bytes: int = 5 * 1024 * 1024, rpc_timeout_s: float = 10.0,
                  failed_bookie_quarantine_s: float = 30.0,
-                 add_entry_timeout_s: Optional[float] = DEFAULT_ADD_ENTRY_TIMEOUT_S):
+                 add_entry_timeout_s: Optional[float] = DEFAULT_ADD_ENTRY_TIMEOUT_S,
+                 security: Optional[ChannelSecurity] = None):
         if add_entry_timeout_s is not None and not add_entry_timeout_s > 0:
             raise ValueError(f"add_entry_timeout_s must be > 0 seconds or None, got {add_entry_timeout_s!r}")
         self.metadata = metadata
@@ -132,6 +136,7 @@ class BookKeeper:
         self.rpc_timeout_s = rpc_timeout_s
         self.add_entry_timeout_s = add_entry_timeout_s
         self.quarantine_s = failed_bookie_quarantine_s
+        self.security = security  # proto.channels.ChannelSecurity of every bookie connection (None: plaintext)
         self._connections: dict[str, BookieConnection] = {}
         self._failed_at: dict[str, float] = {}
         self._closed = False
@@ -144,7 +149,8 @@ class BookKeeper:
         conn = self._connections.get(address)
         if conn is None:
             conn = self._connections[address] = BookieConnection(address, self.rpc_timeout_s,
-                                                                  self.add_entry_timeout_s, self.corrupt_replicas)
+                                                                  self.add_entry_timeout_s, self.corrupt_replicas,
+                                                                  self.security)
         return conn
 
     def mark_failed(self, address: str) -> None:

@@ -17,6 +17,7 @@ from crc32c import crc32c as _crc32c
 
 from proto import bookie_pb2 as pb
 from proto import bookie_pb2_grpc
+from proto.channels import ChannelSecurity, open_channel
 from proto.common import grpc_message_size_options
 from proto.wire import encode_varint
 
@@ -94,7 +95,8 @@ class BookieConnection:
 
     def __init__(self, address: str, rpc_timeout_s: float = 10.0,
                  add_entry_timeout_s: Optional[float] = DEFAULT_ADD_ENTRY_TIMEOUT_S,
-                 corrupt_counter: Optional[collections.Counter] = None):
+                 corrupt_counter: Optional[collections.Counter] = None,
+                 security: Optional[ChannelSecurity] = None):
         self.address = address
         # Digest mismatches read from this bookie (count); also added to corrupt_counter[address].
         self.corrupt_entries = 0
@@ -105,7 +107,7 @@ class BookieConnection:
         self.instance_changed: Optional[str] = None
         self.rpc_timeout_s = rpc_timeout_s
         self.add_entry_timeout_s = add_entry_timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS)
+        self._channel = open_channel(address, GRPC_CHANNEL_OPTIONS, security)
         self.stub = bookie_pb2_grpc.BookieStub(self._channel)
         # AddEntry with pre-serialized request frames (bytes pass through unchanged).
         self._add_stream = self._channel.stream_stream(

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 
 from bookie import storage as st
 from proto import bookie_pb2, bookie_pb2_grpc
+from proto.channels import ServerSecurity, add_server_port
 from proto.common import GRPC_MAX_MESSAGE_BYTES
 from proto.frame_errors import InvalidFrameInterceptor
 
@@ -442,6 +443,8 @@ class BookieServer:
         self._servicer: BookieServicer | None = None
         self._monitor: asyncio.Task | None = None
         self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
+        # proto.channels.ServerSecurity of the bookie's port (None: plaintext, no authentication)
+        self.security: ServerSecurity | None = None
 
     @property
     def address(self) -> str:
@@ -464,7 +467,7 @@ class BookieServer:
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
         target = f"{self.config.host}:{self.config.port}"
         try:
-            port = server.add_insecure_port(target)
+            port = add_server_port(server, target, self.security)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot bind bookie to {target}: {exc}") from exc
         self.port = port

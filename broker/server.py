@@ -12,6 +12,7 @@ from bookie.client import BookKeeper
 from broker.config import BrokerConfig
 from broker.metadata import open_metadata_store
 from proto import broker_pb2_grpc
+from proto.channels import ChannelSecurity, ServerSecurity, add_server_port
 from proto.common import grpc_message_size_options
 from proto.frame_errors import InvalidFrameInterceptor
 from proto.metadata_url import parse_metadata_store_url
@@ -51,6 +52,11 @@ class BrokerServer:
         self.config = config
         self.port: Optional[int] = None
         self.http_port: Optional[int] = None
+        # proto.channels security of the broker's port, of its links to the bookies and of its
+        # own links to other brokers (None: plaintext, no credentials)
+        self.server_security: Optional[ServerSecurity] = None
+        self.bookie_client_security: Optional[ChannelSecurity] = None
+        self.broker_client_security: Optional[ChannelSecurity] = None
         self.metadata = None
         self.bk = None
         self.service: Optional[BrokerService] = None
@@ -86,13 +92,15 @@ class BrokerServer:
                 raise
             self.metadata = RoutedMetadataStore(self.metadata, configuration)
         self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024,
-                             add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds)
+                             add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds,
+                             security=self.bookie_client_security)
         self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[InvalidFrameInterceptor()])
-        self.port = self._server.add_insecure_port(f"{c.bind_address}:{c.broker_service_port}")
+        self.port = add_server_port(self._server, f"{c.bind_address}:{c.broker_service_port}", self.server_security)
         if not self.port:
             raise OSError(f"cannot bind the broker port {c.bind_address}:{c.broker_service_port} (in use?)")
         self.service = service_class()(c, self.metadata, self.bk)
         self.service.service_url = self.service_url
+        self.service.broker_client_security = self.broker_client_security
         await self._register_own_cluster()
         if self.metadata.shared:
             await self._ensure_default_namespace()

@@ -54,6 +54,8 @@ class AdminClient:
         self._resolver = ServiceNameResolver(self.service_url)
         self._connected = False
         self._closed = False
+        # proto.channels.ChannelSecurity of the admin's channels (None: plaintext, no credentials)
+        self.security = None
 
     async def call(self, method: str, **body: Any) -> Any:
         """Send admin verb ``method`` (e.g. ``"topics.stats"``) with JSON ``body``;
@@ -73,7 +75,7 @@ class AdminClient:
             resp = await self._call_any_host(method, request)
             return json.loads(resp.body_json) if resp.body_json else None
         if self._channel is None:
-            self._channel = create_channel(self.service_url)
+            self._channel = create_channel(self.service_url, security=self.security)
             self._stub = PulsarBrokerStub(self._channel)
         try:
             if self._connected:
@@ -116,7 +118,7 @@ class AdminClient:
         ``ConnectError`` naming every host, ``unreachable`` set); afterwards for
         the whole operation timeout (a cluster whose brokers restart)."""
         if self._pool is None:
-            self._pool = ConnectionPool()
+            self._pool = ConnectionPool(security=self.security)
         retry_for = self.operation_timeout_seconds if self._connected else self.connect_timeout_seconds
         resp, _ = await call_any_host(self._pool, self._resolver, "Admin", request,
                                       timeout=self.operation_timeout_seconds, what=f"admin {method}",

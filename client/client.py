@@ -72,6 +72,8 @@ class AsyncClient:
         self.operation_timeout_seconds = float(operation_timeout_seconds)
         self.connection_timeout_ms = int(connection_timeout_ms)
         self.keep_alive_interval_seconds = keep_alive_interval_seconds
+        # proto.channels.ChannelSecurity of every channel of this client (None: plaintext, no credentials)
+        self.security = None
         self._resolver = ServiceNameResolver(self.service_url)
         self._lookups = LookupService(self._ask_lookup, self.operation_timeout_seconds, max_lookup_redirects)
         self._pool: ConnectionPool | None = None
@@ -94,7 +96,7 @@ class AsyncClient:
         except RuntimeError:
             raise InvalidConfiguration("AsyncClient must be used from a running asyncio event loop; "
                                        "use client.Client for synchronous code") from None
-        self._pool = ConnectionPool(self.keep_alive_interval_seconds, self.connection_timeout_ms)
+        self._pool = ConnectionPool(self.keep_alive_interval_seconds, self.connection_timeout_ms, self.security)
         self._channel = self._pool.channel(self.service_url.target)
 
     @property

@@ -17,6 +17,7 @@ from typing import Callable
 import grpc
 
 from client.errors import ConnectError, PulsarException, Timeout, error_from_status
+from proto.channels import ChannelSecurity, open_channel
 from proto.common import GRPC_MAX_MESSAGE_BYTES, grpc_message_size_options
 from proto.service_url import DEFAULT_PORT, SCHEME, ServiceUrl, parse_service_url
 
@@ -45,13 +46,13 @@ def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_m
 
 
 def create_channel(service_url: str | ServiceUrl, keepalive_interval_seconds: float = 30,
-                   connection_timeout_ms: int = 10000) -> grpc.aio.Channel:
-    """One insecure ``grpc.aio`` channel to the broker (the first host of a
-    multi-host URL; ``client.connection_pool`` handles several); call from the
-    event loop that will use it.  Raises ``InvalidConfiguration`` for a bad URL."""
+                   connection_timeout_ms: int = 10000, security: ChannelSecurity | None = None) -> grpc.aio.Channel:
+    """One ``grpc.aio`` channel to the broker (the first host of a multi-host
+    URL; ``client.connection_pool`` handles several), secured by ``security``
+    (``proto.channels.ChannelSecurity``; None: plaintext, no credentials); call
+    from the event loop that will use it.  Raises ``InvalidConfiguration`` for a bad URL."""
     url = service_url if isinstance(service_url, ServiceUrl) else parse_service_url(service_url)
-    return grpc.aio.insecure_channel(url.target, options=channel_options(keepalive_interval_seconds,
-                                                                          connection_timeout_ms))
+    return open_channel(url.target, channel_options(keepalive_interval_seconds, connection_timeout_ms), security)
 
 
 async def check_reachable(service_url: str | ServiceUrl, timeout_seconds: float = 2.0) -> None:

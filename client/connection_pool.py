@@ -23,6 +23,7 @@ import grpc
 from client.connection import Backoff, channel_options, map_rpc_error
 from client.errors import ConnectError
 from proto.broker_pb2_grpc import PulsarBrokerStub
+from proto.channels import ChannelSecurity, open_channel
 from proto.service_url import ServiceUrl, parse_service_url
 
 __all__ = ["ConnectionPool", "ServiceNameResolver", "call_any_host", "is_connection_failure",
@@ -42,14 +43,17 @@ class ConnectionPool:
     gRPC target ``"host:port"``.
 
     ``keepalive_interval_seconds`` and ``connection_timeout_ms`` configure every
-    channel as ``client.connection.channel_options``.  Channels are created on
+    channel as ``client.connection.channel_options``; ``security``
+    (``proto.channels.ChannelSecurity``, None: plaintext) secures every one.  Channels are created on
     first use, from the event loop that will use them, and live until
     ``close()`` (a broker that restarts is reconnected by gRPC itself).
     ``channel``/``stub`` raise ``ConnectError`` after ``close()``.
     """
 
-    def __init__(self, keepalive_interval_seconds: float = 30, connection_timeout_ms: int = 10000):
+    def __init__(self, keepalive_interval_seconds: float = 30, connection_timeout_ms: int = 10000,
+                 security: ChannelSecurity | None = None):
         self._options = channel_options(keepalive_interval_seconds, connection_timeout_ms)
+        self.security = security  # proto.channels.ChannelSecurity of every channel (None: plaintext)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, PulsarBrokerStub] = {}
         self._closed = False
@@ -60,7 +64,7 @@ class ConnectionPool:
             raise ConnectError(f"the client's connections are closed (asked for {target})")
         channel = self._channels.get(target)
         if channel is None:
-            channel = self._channels[target] = grpc.aio.insecure_channel(target, options=self._options)
+            channel = self._channels[target] = open_channel(target, self._options, self.security)
             log.debug("new channel to %s (%d in the pool)", target, len(self._channels))
         return channel
 

@@ -511,14 +511,15 @@ class NamespaceService:
 
     # ---- broker-to-broker calls --------------------------------------------
     def channel_to(self, service_url: str):
-        """A pooled gRPC channel to another broker of the cluster."""
-        import grpc
-
+        """A pooled gRPC channel to another broker of the cluster (secured as the
+        broker's own links: ``service.broker_client_security``)."""
+        from proto.channels import open_channel
         from proto.common import grpc_message_size_options
 
         channel = self._channels.get(service_url)
         if channel is None:
-            channel = grpc.aio.insecure_channel(_address(service_url), options=grpc_message_size_options())
+            channel = open_channel(_address(service_url), grpc_message_size_options(),
+                                   self.service.broker_client_security)
             self._channels[service_url] = channel
         return channel
 

@@ -25,6 +25,7 @@ from broker.service.resources import Policies
 from broker.service.topic import PersistentTopic
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
+from proto.channels import ChannelSecurity, open_channel
 
 from .controller import ReplicatedSubscriptionsController
 from .replicator import GRPC_OPTIONS, Replicator, target
@@ -210,7 +211,8 @@ class GeoBrokerService(BrokerService):
         remotes = [c for c in clusters if c != local]
         for remote in remotes:
             try:
-                url = (await self.resources.get_cluster(remote))["service_url"]
+                cluster_data = await self.resources.get_cluster(remote)
+                url = cluster_data["service_url"]
             except NotFound:
                 log.warning("[%s] replication cluster %s is not registered here; skipping", topic.name, remote)
                 continue
@@ -220,9 +222,10 @@ class GeoBrokerService(BrokerService):
             if rep is not None:
                 await rep.close()
             if topic.name.is_partition:
-                await self._ensure_remote_partitions(topic, url)
+                await self._ensure_remote_partitions(topic, url, self.remote_cluster_security(remote, cluster_data))
             rep = Replicator(topic, local, remote, url, self.config.replication_producer_queue_size,
-                             mark_delete_rate_limit=self.config.replicator_mark_delete_rate_limit)
+                             mark_delete_rate_limit=self.config.replicator_mark_delete_rate_limit,
+                             security=self.remote_cluster_security(remote, cluster_data))
             topic.replicators[remote] = rep
             await rep.start()
         for remote in [r for r in topic.replicators if r not in remotes]:
@@ -236,14 +239,22 @@ class GeoBrokerService(BrokerService):
             await topic.controller.close()
             topic.controller = None
 
-    async def _ensure_remote_partitions(self, topic: PersistentTopic, url: str) -> None:
+    def remote_cluster_security(self, cluster: str, cluster_data: dict) -> Optional[ChannelSecurity]:
+        """The ``proto.channels.ChannelSecurity`` of this broker's links to remote
+        ``cluster`` (its registered ``cluster_data``: ``/admin/clusters/<name>``):
+        the broker's own client security (Pulsar's ``brokerClientTlsEnabled`` /
+        ``brokerClientAuthenticationPlugin``); None: plaintext, no credentials."""
+        return self.broker_client_security
+
+    async def _ensure_remote_partitions(self, topic: PersistentTopic, url: str,
+                                        security: Optional[ChannelSecurity] = None) -> None:
         """Create the partitioned topic on the remote with the same partition count
         (createTopicToRemoteClusterForReplication)."""
         parent = topic.name.partitioned_topic_name
         partitions = await self.resources.get_partitions(parent.persistence_naming)
         if partitions <= 0:
             return
-        async with grpc.aio.insecure_channel(target(url), options=GRPC_OPTIONS) as channel:
+        async with open_channel(target(url), GRPC_OPTIONS, security) as channel:
             stub = broker_pb2_grpc.PulsarBrokerStub(channel)
             try:
                 await stub.Admin(pb.AdminRequest(method="topics.create_partitioned",

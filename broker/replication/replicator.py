@@ -46,6 +46,7 @@ from broker.replication.markers import is_marker
 from broker.replication.remote_lookup import lookup_remote_owner
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
+from proto.channels import ChannelSecurity, open_channel
 from proto.common import REPLICATOR_CURSOR_PREFIX, grpc_message_size_options, source_sequence_id
 from proto.entry_format import peek_metadata, with_metadata
 from proto.errors import CorruptedMessage
@@ -119,8 +120,10 @@ class Replicator:
 
     def __init__(self, topic: "PersistentTopic", local_cluster: str, remote_cluster: str, remote_url: str,
                  queue_size: int = 1000, dispatch_rate: tuple[float, float] = (0, 0),
-                 mark_delete_rate_limit: float = 0.0, max_batches_in_flight: int = 1):
+                 mark_delete_rate_limit: float = 0.0, max_batches_in_flight: int = 1,
+                 security: Optional[ChannelSecurity] = None):
         self.topic = topic
+        self.security = security            # proto.channels.ChannelSecurity of the links to the remote
         self.local_cluster = local_cluster
         self.remote_cluster = remote_cluster
         self.remote_url = remote_url
@@ -212,7 +215,7 @@ class Replicator:
         """The pooled channel to one remote broker ``host:port``."""
         channel = self._channels.get(host)
         if channel is None:
-            channel = self._channels[host] = grpc.aio.insecure_channel(host, options=GRPC_OPTIONS)
+            channel = self._channels[host] = open_channel(host, GRPC_OPTIONS, self.security)
         return channel
 
     async def _replicate_session(self) -> None:

@@ -41,6 +41,8 @@ class BrokerService:
 
     def __init__(self, config: BrokerConfig, metadata: MetadataStore, bk: BookKeeper):
         self.config = config
+        # proto.channels.ChannelSecurity of this broker's own links to other brokers (set by BrokerServer)
+        self.broker_client_security = None
         self.metadata = metadata
         self.bk = bk
         self.resources = Resources(metadata)
