@@ -34,19 +34,6 @@ def pytest_collection_finish(session):
         spark_session()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's ``--dist loadgroup`` (README's test command runs
-    two workers): a test module runs whole on one worker, so its module-scoped
-    fixtures (clusters, Spark data) start once; every e2e test uses the fixed
-    ports of ``deploy/geo.toml`` or the compose stack, so they all share one
-    group and run one after another. ``tryfirst``: xdist reads the marks in its
-    own hook of the same name. Without xdist the marks change nothing."""
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("e2e-fixed-ports" if module.startswith("tests/e2e/") else module))
-
-
 @pytest.fixture
 def process_tracker():
     """A ProcessTracker; every process registered with it is SIGKILLed at teardown."""
