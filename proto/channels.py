@@ -24,6 +24,8 @@ from typing import Any, Optional, Sequence
 
 import grpc
 
+from proto.auth_interceptors import auth_interceptors
+
 __all__ = ["ChannelSecurity", "ServerSecurity", "open_channel", "add_server_port"]
 
 
@@ -77,7 +79,9 @@ def open_channel(target: str, options: Optional[Sequence[tuple]] = None,
     options = list(options or [])
     if security is None:
         return grpc.aio.insecure_channel(target, options=options)
-    return grpc.aio.insecure_channel(target, options=options)
+    # authentication: an interceptor adds the credentials' metadata to every call
+    interceptors = auth_interceptors(security)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
 def add_server_port(server: grpc.aio.Server, address: str, security: Optional[ServerSecurity] = None) -> int:
