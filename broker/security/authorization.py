@@ -167,7 +167,7 @@ class AuthorizationService:
                            f"{', '.join(sorted(auth['subscription_auth_roles'][subscription]))})")
             raise AuthorizationError(f"role {role!r} is not authorized to {what} on {topic}{sub}; grant it with: "
                                      f"minipulsar-admin namespaces grant-permission NS --role {role} "
-                                     f"--actions {'consume' if action == 'consume' else 'produce'} "
+                                     f"--actions {what.replace(' or ', ',')} "
                                      f"(or topics grant-permission)")
 
     async def check_namespace_read(self, namespace: str, role: str) -> None:
