@@ -132,8 +132,8 @@ def config_problems(config: BookieConfig) -> list[str]:
         if hasattr(config, name) and name not in bad and not ok(getattr(config, name)):
             problems.append(f"{name} = {getattr(config, name)!r}: {rule}")
     if getattr(config, "authentication_enabled", False) is True and "authentication_enabled" not in bad:
-        from broker.security.authentication import AuthenticationService
-        from broker.security.tokens import TokenError
+        from proto.auth_server import AuthenticationService
+        from proto.auth_tokens import TokenError
         try:
             AuthenticationService.from_config(config)
         except TokenError as exc:

@@ -472,7 +472,7 @@ class BookieServer:
         # AddEntry decodes its own stream: it answers the adds read before a bad frame first.
         interceptors = [InvalidFrameInterceptor(own_decoding={"/minipulsar.bookie.Bookie/AddEntry"})]
         if self.config.authentication_enabled:  # refuse calls without a valid token first
-            from broker.security.authentication import AuthenticationInterceptor, AuthenticationService
+            from proto.auth_server import AuthenticationInterceptor, AuthenticationService
             interceptors.insert(0, AuthenticationInterceptor(AuthenticationService.from_config(self.config)))
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._servicer = BookieServicer(self.storage, self.config)

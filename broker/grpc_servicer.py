@@ -264,11 +264,11 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 if response is None:
                     break
                 await context.write(response)
-            if getattr(consumer, "disconnect_error", None) is not None:  # BrokerSecurity: expired / revoked
-                await abort_with(context, consumer.disconnect_error)
             if consumer.closed and topic.closed:
                 await abort_with(context, ServiceNotReady(
                     f"topic {topic.name} was unloaded or deleted on this broker; look it up again"))
+            if getattr(consumer, "disconnect_error", None) is not None:  # BrokerSecurity: expired / revoked
+                await abort_with(context, consumer.disconnect_error)
         finally:
             if reader_task is not None:
                 reader_task.cancel()
