@@ -117,13 +117,15 @@ class BrokerSecurity:
         ``namespace`` only, when given): end those whose token expired (``expiry``)
         or whose role may no longer produce / consume. Returns how many were ended."""
         ended = 0
+        memo: dict = {}  # (topic, role, action, subscription) -> refusal: one policy read per distinct check
         for topic in list(service.topics.values()):
             if namespace is not None and topic.name.namespace != namespace:
                 continue
             for producer in list(topic.producers.values()):
                 if producer.closed:
                     continue
-                reason = await self._refusal(getattr(producer, "auth", None), topic.name, "produce", None, expiry)
+                reason = await self._refusal(getattr(producer, "auth", None), topic.name, "produce", None, expiry,
+                                             memo)
                 if reason is not None:
                     log.info("[%s] disconnecting producer %s: %s", topic.name, producer.name, reason)
                     producer.disconnect(reason)
@@ -133,7 +135,7 @@ class BrokerSecurity:
                     if consumer.closed:
                         continue
                     reason = await self._refusal(getattr(consumer, "auth", None), topic.name, "consume",
-                                                 subscription.name, expiry)
+                                                 subscription.name, expiry, memo)
                     if reason is not None:
                         log.info("[%s][%s] disconnecting consumer %s: %s", topic.name, subscription.name,
                                  consumer.name, reason)
@@ -143,17 +145,21 @@ class BrokerSecurity:
         return ended
 
     async def _refusal(self, who: Optional[AuthenticationResult], topic, action: str,
-                       subscription: Optional[str], expiry: bool) -> Optional[BaseException]:
+                       subscription: Optional[str], expiry: bool, memo: dict) -> Optional[BaseException]:
         if who is None:
             return None
         if expiry and who.expired():
             return ServiceNotReady(f"the token of role {who.role} expired; reconnect with a fresh token")
-        if self.authorization is not None:
+        if self.authorization is None:
+            return None
+        key = (str(topic), who.role, action, subscription)
+        if key not in memo:
             try:
                 await self.authorization.check_topic(topic, who.role, action, subscription)
+                memo[key] = None
             except AuthorizationError as exc:
-                return exc
-        return None
+                memo[key] = exc
+        return memo[key]
 
     async def recheck_namespace(self, service, namespace: str) -> None:
         """After a permission change on ``namespace``: end the streams whose role lost
