@@ -54,7 +54,7 @@ def perf(url: str, topic: str, rate: int, duration: float, auth_params: str | No
 def figures(doc: dict) -> dict:
     """end-to-end msgs/s and p99 (ms) of a perf e2e summary."""
     side = doc["consume"]                      # the e2e consumer side: end-to-end latency
-    return {"msg_rate": side["msg_rate"], "p99_ms": side["latency_ms"]["p99"], "errors": side["errors"]}
+    return {"msg_rate": side["msg_per_s"], "p99_ms": side["latency_ms"]["p99"], "errors": side["errors"]}
 
 
 def spread(values: list[float]) -> str:
