@@ -174,3 +174,21 @@ async def test_cli_takes_auth_params_token_and_file(secure, tmp_path):
                               "persistent://public/default/auth-cli", "-m", "hi", "-n", "3"],
                              capture_output=True, text=True, timeout=60)
     assert produce.returncode == 0, produce.stderr
+
+
+def test_sync_client_and_admin_take_authentication(secure):
+    """The blocking facade (``client.Client``, ``SyncAdminClient``) passes ``authentication`` through."""
+    from client import Client, SyncAdminClient
+    keys, _, broker = secure
+    topic = "persistent://public/default/auth-sync"
+    client = Client(broker.service_url, operation_timeout_seconds=10,
+                    authentication=AuthenticationToken(keys.token("alice")))
+    try:
+        client.create_producer(topic).send(b"sync")
+    finally:
+        client.close()
+    with SyncAdminClient(broker.service_url, authentication=AuthenticationToken(keys.token("alice"))) as admin:
+        assert admin.get_stats(topic)["msgInCounter"] == 1
+    with SyncAdminClient(broker.service_url) as admin:
+        with pytest.raises(AuthenticationError):
+            admin.get_stats(topic)

@@ -6,6 +6,7 @@ returned; a consumer (and producer) whose permission is revoked is disconnected.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -58,6 +59,8 @@ async def test_a_role_without_permission_is_refused_everything(secure):
             await c.subscribe(topic, "steal", initial_position=InitialPosition.Earliest)
         with pytest.raises(AuthorizationError, match="produce or consume"):
             await c.get_partitioned_topic_metadata(topic)
+        with pytest.raises(AuthorizationError, match="no permission on namespace acme/orders"):
+            await c.subscribe(re.compile(f"persistent://{NS}/.*"), "pattern")       # GetTopicsOfNamespace
     async with admin_as(broker, keys, "mallory") as admin:
         with pytest.raises(AuthorizationError, match="mallory"):
             await admin.get_stats(topic)                                # stats read
