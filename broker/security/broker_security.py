@@ -8,9 +8,11 @@
   ``authorization_enabled`` off, else ``AuthorizationError`` naming what is missing;
 - :meth:`BrokerSecurity.sweep`: every ``authentication_refresh_check_seconds``
   (Pulsar's ``authenticationRefreshCheckSeconds``) the long-lived producer and
-  consumer streams are checked: a stream whose token expired is ended with a
-  retriable ``ServiceNotReady`` (the client reconnects with a fresh token from
-  its supplier: no message lost, as after a topic unload), and, with
+  consumer streams are checked: a stream whose token expires before the next
+  check is ended with a retriable ``ServiceNotReady`` (the client reconnects
+  with a fresh token from its supplier, before the old one expires: no message
+  lost, as after a topic unload; a client whose supplier hands out the same
+  token reconnects until it has expired, then is refused), and, with
   authorization on, one whose role lost its permission is ended with
   ``AuthorizationError`` (the client gives up). :meth:`recheck_namespace`
   runs the permission part at once after a grant or revoke on this broker.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Optional
 
 from proto.errors import AuthorizationError, ServiceNotReady
@@ -101,10 +104,14 @@ class BrokerSecurity:
                 pass
             self._sweeper = None
 
+    @property
+    def refresh_interval_s(self) -> float:
+        """Seconds between two checks of the long-lived streams (at least 1)."""
+        return max(1.0, float(self.config.authentication_refresh_check_seconds))
+
     async def _sweep_loop(self, service) -> None:
-        interval = max(1.0, float(self.config.authentication_refresh_check_seconds))
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.refresh_interval_s)
             try:
                 await self.sweep(service)
             except asyncio.CancelledError:
@@ -148,8 +155,12 @@ class BrokerSecurity:
                        subscription: Optional[str], expiry: bool, memo: dict) -> Optional[BaseException]:
         if who is None:
             return None
-        if expiry and who.expired():
-            return ServiceNotReady(f"the token of role {who.role} expired; reconnect with a fresh token")
+        if expiry and who.expired(time.time() + self.refresh_interval_s):
+            # expired, or expiring before the next check: end the stream now, so that no stream
+            # outlives its token and a client with a token supplier reconnects before expiry
+            return ServiceNotReady(f"the token of role {who.role} expires at "
+                                   f"{time.strftime('%H:%M:%SZ', time.gmtime(who.expires_at))}, before the next "
+                                   f"check; reconnect with a fresh token")
         if self.authorization is None:
             return None
         key = (str(topic), who.role, action, subscription)

@@ -119,8 +119,8 @@ async def test_bookie_refuses_calls_without_the_brokers_token(secure):
 
 async def test_long_lived_streams_reconnect_with_a_fresh_token_without_loss(secure):
     """Tokens valid 3 s from a callable; the broker checks every second and ends the
-    streams whose token expired; producer and consumer reconnect with a fresh token
-    and every message arrives exactly once."""
+    streams whose token expires before its next check; producer and consumer reconnect
+    with a fresh token and every message arrives."""
     keys, _, broker = secure
     topic = "persistent://public/default/auth-refresh"
     issued = {"n": 0}
@@ -150,7 +150,8 @@ async def test_long_lived_streams_reconnect_with_a_fresh_token_without_loss(secu
             consumer.acknowledge(msg)
         assert sorted(set(got)) == sorted(sent), f"{len(set(got))} distinct of {len(sent)} sent"
     log = broker.stderr_log.read_text(errors="replace")
-    assert log.count("expired; reconnect with a fresh token") >= 2, "the streams were never ended at expiry"
+    assert log.count("before the next check; reconnect with a fresh token") >= 2, \
+        "the streams were never ended before their token expired"
     assert issued["n"] >= 4  # new tokens were asked for at the reconnects
 
 
@@ -192,3 +193,25 @@ def test_sync_client_and_admin_take_authentication(secure):
     with SyncAdminClient(broker.service_url) as admin:
         with pytest.raises(AuthenticationError):
             admin.get_stats(topic)
+
+
+async def test_a_stream_whose_static_token_expires_is_closed(secure):
+    """A fixed token valid 3 s: the broker ends the producer's and consumer's streams before
+    it expires; their reconnects with the same token end in AuthenticationError once it has."""
+    keys, _, broker = secure
+    topic = "persistent://public/default/auth-static-expiry"
+    auth = AuthenticationToken(keys.token("alice", expires_in_s=3))
+    async with AsyncClient(broker.service_url, operation_timeout_seconds=10, authentication=auth) as client:
+        consumer = await client.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
+        producer = await client.create_producer(topic)
+        await producer.send(b"while valid")
+        assert (await consumer.receive(timeout_millis=10000)).data() == b"while valid"
+        with pytest.raises(AuthenticationError, match="expired"):
+            async with asyncio.timeout(60):
+                while True:
+                    await consumer.receive(timeout_millis=60000)
+        with pytest.raises(AuthenticationError, match="expired"):
+            async with asyncio.timeout(60):
+                while True:
+                    await producer.send(b"too late")
+                    await asyncio.sleep(0.2)
