@@ -131,6 +131,13 @@ def config_problems(config: BookieConfig) -> list[str]:
     for name, ok, rule in rules:
         if hasattr(config, name) and name not in bad and not ok(getattr(config, name)):
             problems.append(f"{name} = {getattr(config, name)!r}: {rule}")
+    if getattr(config, "authentication_enabled", False) is True and "authentication_enabled" not in bad:
+        from proto.auth_server import AuthenticationService
+        from proto.auth_tokens import TokenError
+        try:
+            AuthenticationService.from_config(config)
+        except TokenError as exc:
+            problems.append(f"authentication_enabled = true: {exc}")
     return problems
 
 

@@ -68,6 +68,11 @@ class BookieConfig:
         metadataServiceUri and bookie registration; see bookie.registration).
     advertised_address: host name or IP the bookie registers (BookKeeper's
         advertisedAddress); "" = ``host``.
+    authentication_enabled: refuse every call without a valid token (status
+        UNAUTHENTICATED; the broker sends its ``bookkeeper_client_authentication_parameters``);
+        the token keys as the broker's: ``token_secret_key`` or ``token_public_key``
+        (``file:///path`` or ``data:;base64,...``), ``authentication_providers``
+        (empty = the token provider). BookKeeper's bookie authentication.
     """
 
     port: int = 3181
@@ -83,6 +88,10 @@ class BookieConfig:
     max_db_size_bytes: int | None = None
     metadata_store_url: str = ""
     advertised_address: str = ""
+    authentication_enabled: bool = False
+    authentication_providers: list = dataclasses.field(default_factory=list)
+    token_secret_key: str = ""
+    token_public_key: str = ""
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "BookieConfig":
@@ -461,8 +470,11 @@ class BookieServer:
         disk monitor. Raises RuntimeError (port not bindable), InvalidCookieError, DataDirInUse;
         on any failure nothing is left serving."""
         # AddEntry decodes its own stream: it answers the adds read before a bad frame first.
-        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[
-            InvalidFrameInterceptor(own_decoding={"/minipulsar.bookie.Bookie/AddEntry"})])
+        interceptors = [InvalidFrameInterceptor(own_decoding={"/minipulsar.bookie.Bookie/AddEntry"})]
+        if self.config.authentication_enabled:  # refuse calls without a valid token first
+            from proto.auth_server import AuthenticationInterceptor, AuthenticationService
+            interceptors.insert(0, AuthenticationInterceptor(AuthenticationService.from_config(self.config)))
+        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._servicer = BookieServicer(self.storage, self.config)
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
         target = f"{self.config.host}:{self.config.port}"

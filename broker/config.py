@@ -70,6 +70,21 @@ class BrokerConfig(ManagedLedgerSettings):
     load_balancer_broker_overloaded_threshold_percentage: float = 85.0
     load_balancer_report_update_min_interval_millis: int = 5000
     load_balancer_shedding_interval_minutes: float = 1.0
+    # security (Pulsar's authenticationEnabled, authenticationProviders, tokenSecretKey / tokenPublicKey as
+    # file:///path or data:;base64,..., superUserRoles, authorizationEnabled, authenticationRefreshCheckSeconds);
+    # the broker's own credentials towards other brokers and remote clusters (brokerClientAuthenticationPlugin /
+    # Parameters: token:<jwt> or file:///path) and towards the bookies (bookkeeperClientAuthentication*)
+    authentication_enabled: bool = False
+    authentication_providers: list[str] = dataclasses.field(default_factory=list)
+    token_secret_key: str = ""
+    token_public_key: str = ""
+    superuser_roles: list[str] = dataclasses.field(default_factory=list)
+    authorization_enabled: bool = False
+    authentication_refresh_check_seconds: int = 60
+    broker_client_authentication_plugin: str = ""
+    broker_client_authentication_parameters: str = ""
+    bookkeeper_client_authentication_plugin: str = ""
+    bookkeeper_client_authentication_parameters: str = ""
     # managed ledger / bookkeeper keys: inherited from ManagedLedgerSettings
 
     def managed_ledger_config(self) -> ManagedLedgerConfig:
@@ -199,9 +214,37 @@ class BrokerConfig(ManagedLedgerSettings):
         if complete and self.bookies and e > len(self.bookies) and not quorum_keys & bad:
             problems.append(f"managed_ledger_default_ensemble_size = {e} but only {len(self.bookies)} bookie(s) are "
                             f"configured: no ledger could be created; add bookies or lower the ensemble size")
+        problems += self._security_problems()
         if self.managed_ledger_min_ledger_rollover_time_minutes > self.managed_ledger_max_ledger_rollover_time_minutes:
             problems.append("managed_ledger_min_ledger_rollover_time_minutes must not exceed "
                             "managed_ledger_max_ledger_rollover_time_minutes")
+        return problems
+
+    def _security_problems(self) -> list[str]:
+        """Problems of the authentication / authorization keys: authorization without
+        authentication, no usable token key, bad client credentials."""
+        problems: list[str] = []
+        if self.authentication_refresh_check_seconds < 1:
+            problems.append(f"authentication_refresh_check_seconds = {self.authentication_refresh_check_seconds}: "
+                            f"must be >= 1")
+        if self.authorization_enabled and not self.authentication_enabled:
+            problems.append("authorization_enabled = true needs authentication_enabled = true "
+                            "(roles come from the authenticated tokens)")
+        if self.authentication_enabled:
+            from broker.security.authentication import AuthenticationService
+            from broker.security.tokens import TokenError
+            try:
+                AuthenticationService.from_config(self)
+            except TokenError as exc:
+                problems.append(f"authentication_enabled = true: {exc}")
+        from proto.authentication import authentication_from_params
+        from proto.errors import InvalidConfiguration
+        for prefix in ("broker_client", "bookkeeper_client"):
+            try:
+                authentication_from_params(getattr(self, f"{prefix}_authentication_plugin"),
+                                           getattr(self, f"{prefix}_authentication_parameters"))
+            except InvalidConfiguration as exc:
+                problems.append(f"{prefix}_authentication_parameters: {exc.message}")
         return problems
 
     def override(self, **values: Optional[Any]) -> "BrokerConfig":

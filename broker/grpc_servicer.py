@@ -57,6 +57,18 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
     def __init__(self, service: BrokerService):
         self.service = service
 
+    # ---- security (broker.security.broker_security.BrokerSecurity on the service) ----
+    async def _authorize_topic(self, context, topic: str, action: str, subscription: Optional[str] = None):
+        """The caller's AuthenticationResult (None with security off) once it may
+        ``action`` ("produce", "consume", "lookup") on ``topic``; raises
+        AuthenticationError / AuthorizationError."""
+        security = getattr(self.service, "security", None)
+        if security is None or not security.enabled:
+            return None
+        who = security.authenticate(context)
+        await security.check_topic(who, topic, action, subscription)
+        return who
+
     # ---- producers ------------------------------------------------------
     async def Produce(self, request_iterator, context):
         """Producer stream (Pulsar's ServerCnx.handleProducer / handleSend): ``create`` first, answered
@@ -68,8 +80,10 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             await abort_with(context, InvalidArgument("the first message of a Produce stream must be 'create'"))
         create = first.create
         try:
+            who = await self._authorize_topic(context, create.topic, "produce")
             topic = await self.service.get_topic(create.topic)
             producer = topic.add_producer(create.producer_name, create.is_replicator)
+            producer.auth = who  # re-checked by BrokerSecurity.sweep (expiry, revoked permission)
         except Exception as exc:
             await abort_with(context, exc)
             return
@@ -230,6 +244,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         consumer.on_disconnect = writer.close
         try:
             check_subscription_name(sub.subscription)
+            consumer.auth = await self._authorize_topic(context, sub.topic, "consume", sub.subscription)
             topic = await self.service.get_topic(sub.topic)
             subscription = await topic.subscribe(sub, consumer)
         except Exception as exc:
@@ -252,6 +267,8 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
             if consumer.closed and topic.closed:
                 await abort_with(context, ServiceNotReady(
                     f"topic {topic.name} was unloaded or deleted on this broker; look it up again"))
+            if getattr(consumer, "disconnect_error", None) is not None:  # BrokerSecurity: expired / revoked
+                await abort_with(context, consumer.disconnect_error)
         finally:
             if reader_task is not None:
                 reader_task.cancel()
@@ -389,6 +406,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         CommandPartitionedTopicMetadata); INVALID_ARGUMENT for an invalid topic name."""
         try:
             TopicName.get(request.topic)
+            await self._authorize_topic(context, request.topic, "lookup")
             return pb.PartitionedTopicMetadata(partitions=await self.service.partitions_of(request.topic))
         except Exception as exc:
             await abort_with(context, exc)
@@ -397,6 +415,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         """Last and first entry of a topic, -1:-1 when empty (Pulsar's CommandGetLastMessageId);
         loads (or auto-creates) the topic: NOT_FOUND when it does not exist and cannot be created."""
         try:
+            await self._authorize_topic(context, request.topic, "lookup")
             owner = await self._owner_elsewhere(request.topic)
             if owner is not None:  # a broker cluster: the owner answers (its entries, its LAC)
                 from proto.broker_pb2_grpc import PulsarBrokerStub
@@ -433,6 +452,9 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         """Every persistent topic of ``tenant/namespace``, partitions listed individually
         (Pulsar's CommandGetTopicsOfNamespace); NOT_FOUND when the namespace does not exist."""
         try:
+            security = getattr(self.service, "security", None)
+            if security is not None and security.enabled:
+                await security.check_namespace_read(security.authenticate(context), request.namespace)
             return pb.TopicList(topics=await self.service.list_topics(request.namespace))
         except Exception as exc:
             await abort_with(context, exc)
@@ -444,6 +466,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         for an invalid topic name; UNAVAILABLE (ServiceNotReady) while no broker can take it."""
         try:
             TopicName.get(request.topic)
+            await self._authorize_topic(context, request.topic, "lookup")
             answer = await self.service.lookup(request.topic, request.authoritative)
             return pb.LookupResponse(
                 response=pb.LookupResponse.REDIRECT if answer.redirect else pb.LookupResponse.CONNECT,
@@ -457,6 +480,17 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         (``service.admin.dispatch``; Pulsar's REST admin API); its errors end the call with their status."""
         try:
             from broker.ownership.admin_routing import route_admin
+
+            security = getattr(self.service, "security", None)
+            if security is not None and security.enabled:
+                import json
+                try:  # a body over http_max_request_size or not JSON: the verb reports it to a superuser
+                    too_big = len(request.body_json) > self.service.config.http_max_request_size
+                    body = json.loads(request.body_json) if request.body_json and not too_big else {}
+                except (ValueError, RecursionError):
+                    body = {}
+                await security.check_admin(security.authenticate(context), request.method,
+                                           body if isinstance(body, dict) else {})
 
             async def local(method: str, body_json: str) -> str:
                 return await admin.dispatch(self.service, method, body_json)

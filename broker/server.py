@@ -58,6 +58,8 @@ class BrokerServer:
         self.bookie_client_security: Optional[ChannelSecurity] = None
         self.broker_client_security: Optional[ChannelSecurity] = None
         self.metadata = None
+        # broker.security.broker_security.BrokerSecurity: authentication / authorization (set by start)
+        self.security = None
         self.bk = None
         self.service: Optional[BrokerService] = None
         self._server = None
@@ -91,20 +93,30 @@ class BrokerServer:
                 self.metadata = None
                 raise
             self.metadata = RoutedMetadataStore(self.metadata, configuration)
+        self._build_authentication_securities()
         self.bk = BookKeeper(self.metadata, c.bookies, max_entry_size_bytes=c.max_message_size + 64 * 1024,
                              add_entry_timeout_s=c.bookkeeper_client_timeout_in_seconds,
                              security=self.bookie_client_security)
-        self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[InvalidFrameInterceptor()])
+        from broker.security.broker_security import BrokerSecurity
+        self.security = BrokerSecurity(c, None)
+        interceptors = [InvalidFrameInterceptor()]
+        if self.security.authentication is not None:  # refuse calls without valid credentials first
+            from broker.security.authentication import AuthenticationInterceptor
+            interceptors.insert(0, AuthenticationInterceptor(self.security.authentication))
+        self._server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=interceptors)
         self.port = add_server_port(self._server, f"{c.bind_address}:{c.broker_service_port}", self.server_security)
         if not self.port:
             raise OSError(f"cannot bind the broker port {c.bind_address}:{c.broker_service_port} (in use?)")
         self.service = service_class()(c, self.metadata, self.bk)
         self.service.service_url = self.service_url
         self.service.broker_client_security = self.broker_client_security
+        self.security.bind(self.service.resources)
+        self.service.security = self.security
         await self._register_own_cluster()
         if self.metadata.shared:
             await self._ensure_default_namespace()
         await self.service.start()
+        self.security.start(self.service)
         broker_pb2_grpc.add_PulsarBrokerServicer_to_server(PulsarBrokerServicer(self.service), self._server)
         await self._server.start()
         if self.metadata.shared:
@@ -115,6 +127,27 @@ class BrokerServer:
             await ns.start()
         self._http, self.http_port = start_metrics_server(self.service, c.bind_address, c.web_service_port)
         log.info("broker of cluster %s serving %s (metrics on :%s)", c.cluster_name, self.service_url, self.http_port)
+
+    def _build_authentication_securities(self) -> None:
+        """Add the broker's own credentials to its outgoing links (Pulsar's
+        ``brokerClientAuthenticationPlugin`` / ``Parameters`` towards other brokers and
+        remote clusters, ``bookkeeperClientAuthentication*`` towards the bookies), keeping
+        whatever else those securities carry."""
+        import dataclasses
+
+        from proto.authentication import authentication_from_params
+
+        c = self.config
+        broker_auth = authentication_from_params(c.broker_client_authentication_plugin,
+                                                 c.broker_client_authentication_parameters)
+        if broker_auth is not None:
+            self.broker_client_security = dataclasses.replace(self.broker_client_security or ChannelSecurity(),
+                                                              authentication=broker_auth)
+        bookie_auth = authentication_from_params(c.bookkeeper_client_authentication_plugin,
+                                                 c.bookkeeper_client_authentication_parameters)
+        if bookie_auth is not None:
+            self.bookie_client_security = dataclasses.replace(self.bookie_client_security or ChannelSecurity(),
+                                                              authentication=bookie_auth)
 
     async def _register_own_cluster(self) -> None:
         """Write this cluster's service URL at ``/admin/clusters/<cluster_name>``: this broker's
@@ -180,6 +213,8 @@ class BrokerServer:
         the metadata store and the HTTP endpoint; safe after a partial ``start``."""
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self.security is not None:
+            await self.security.close()
         if self.service is not None:
             await self.service.close()
         if self.bk is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import proto.grpc_defaults  # noqa: F401 - before anything imports grpc (see that module)
 from client.admin import AdminClient, SyncAdminClient
+from client.auth import Authentication, AuthenticationToken
 from client.client import AsyncClient
 from client.compression import CompressionType
 from client.errors import *  # noqa: F401,F403 - the exception hierarchy
@@ -28,6 +29,7 @@ from client.consumer_config import (BatchReceivePolicy, ConsumerDeadLetterPolicy
                                     InitialPosition)
 from client.message import Message
 
-__all__ = ["Client", "AsyncClient", "Producer", "AdminClient", "SyncAdminClient", "MessageId", "CompressionType",
+__all__ = ["Client", "AsyncClient", "Producer", "AdminClient", "SyncAdminClient", "Authentication",
+           "AuthenticationToken", "MessageId", "CompressionType",
            "PartitionsRoutingMode", "HashingScheme", "BatchingType", "ConsumerType", "InitialPosition",
            "ConsumerDeadLetterPolicy", "DeadLetterPolicy", "BatchReceivePolicy", "Message", *_error_names]

@@ -40,7 +40,7 @@ class AdminClient:
     """
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
-                 connect_timeout_seconds: float = 2):
+                 connect_timeout_seconds: float = 2, authentication: Any = None):
         self.service_url = parse_service_url(service_url)
         if operation_timeout_seconds <= 0:
             raise InvalidConfiguration("operation_timeout_seconds must be > 0")
@@ -56,6 +56,13 @@ class AdminClient:
         self._closed = False
         # proto.channels.ChannelSecurity of the admin's channels (None: plaintext, no credentials)
         self.security = None
+        if authentication is not None:  # client.auth.Authentication (Pulsar's PulsarAdmin authentication)
+            from client.auth import Authentication
+            from proto.channels import ChannelSecurity
+            if not isinstance(authentication, Authentication):
+                raise InvalidConfiguration("authentication must be a client.auth.Authentication, e.g. "
+                                           "AuthenticationToken(token)")
+            self.security = ChannelSecurity(authentication=authentication)
 
     async def call(self, method: str, **body: Any) -> Any:
         """Send admin verb ``method`` (e.g. ``"topics.stats"``) with JSON ``body``;
@@ -143,9 +150,14 @@ class AdminClient:
         await self.close()
 
     # -- clusters -----------------------------------------------------------------
-    async def create_cluster(self, name: str, service_url: str):
-        """Register cluster ``name`` reachable at ``service_url`` (``minipulsar://host:port``)."""
-        return await self.call("clusters.create", name=name, service_url=service_url)
+    async def create_cluster(self, name: str, service_url: str, authentication_plugin: str | None = None,
+                             authentication_parameters: str | None = None):
+        """Register cluster ``name`` reachable at ``service_url`` (``minipulsar://host:port``);
+        ``authentication_parameters`` (``token:<jwt>`` or ``file:///path``): the credentials
+        replicators use towards it (Pulsar's ClusterData authenticationParameters)."""
+        return await self.call("clusters.create", name=name, service_url=service_url,
+                               authentication_plugin=authentication_plugin,
+                               authentication_parameters=authentication_parameters)
 
     async def list_clusters(self) -> list[str]:
         """Names of the registered clusters."""
@@ -155,22 +167,30 @@ class AdminClient:
         """Cluster data (``service_url``, ...).  Raises ``NotFound``."""
         return await self.call("clusters.get", name=name)
 
-    async def update_cluster(self, name: str, service_url: str):
-        """Change the service URL of cluster ``name``."""
-        return await self.call("clusters.update", name=name, service_url=service_url)
+    async def update_cluster(self, name: str, service_url: str, authentication_plugin: str | None = None,
+                             authentication_parameters: str | None = None):
+        """Change the service URL of cluster ``name`` (and, when given, the replicators'
+        credentials towards it: they reconnect with them)."""
+        return await self.call("clusters.update", name=name, service_url=service_url,
+                               authentication_plugin=authentication_plugin,
+                               authentication_parameters=authentication_parameters)
 
     async def delete_cluster(self, name: str):
         """Remove cluster ``name`` from the registry."""
         return await self.call("clusters.delete", name=name)
 
     # -- tenants ----------------------------------------------------------------
-    async def create_tenant(self, tenant: str, allowed_clusters: list[str] | None = None):
-        """Create ``tenant``; ``allowed_clusters`` defaults to the broker's cluster."""
-        return await self.call("tenants.create", tenant=tenant, allowed_clusters=allowed_clusters)
+    async def create_tenant(self, tenant: str, allowed_clusters: list[str] | None = None,
+                            admin_roles: list[str] | None = None):
+        """Create ``tenant``; ``allowed_clusters`` defaults to the broker's cluster;
+        ``admin_roles``: the roles administering it (Pulsar's TenantInfo adminRoles)."""
+        return await self.call("tenants.create", tenant=tenant, allowed_clusters=allowed_clusters,
+                               admin_roles=list(admin_roles) if admin_roles is not None else None)
 
-    async def update_tenant(self, tenant: str, allowed_clusters: list[str]):
-        """Replace the clusters ``tenant`` may use."""
-        return await self.call("tenants.update", tenant=tenant, allowed_clusters=list(allowed_clusters))
+    async def update_tenant(self, tenant: str, allowed_clusters: list[str], admin_roles: list[str] | None = None):
+        """Replace the clusters ``tenant`` may use (and its ``admin_roles`` when given)."""
+        return await self.call("tenants.update", tenant=tenant, allowed_clusters=list(allowed_clusters),
+                               admin_roles=list(admin_roles) if admin_roles is not None else None)
 
     async def list_tenants(self) -> list[str]:
         """Names of all tenants."""
@@ -301,6 +321,42 @@ class AdminClient:
         """Topic-level replication clusters (override the namespace's)."""
         return await self.call("topics.set_replication_clusters", topic=topic, clusters=list(clusters))
 
+    # -- permissions (Pulsar's namespaces/topics grant-permission, revoke-permission, permissions)
+    async def grant_namespace_permission(self, namespace: str, role: str, actions: list[str]) -> dict:
+        """Grant ``actions`` (``produce``, ``consume``; ``functions`` ignored) on ``namespace``
+        to ``role``; returns the namespace's ``{role: [actions]}``."""
+        return await self.call("namespaces.grant_permission", namespace=namespace, role=role, actions=list(actions))
+
+    async def revoke_namespace_permission(self, namespace: str, role: str) -> dict:
+        """Revoke ``role``'s actions on ``namespace`` (its connected producers/consumers are ended)."""
+        return await self.call("namespaces.revoke_permission", namespace=namespace, role=role)
+
+    async def get_namespace_permissions(self, namespace: str) -> dict:
+        """``{role: [actions]}`` granted on ``namespace``."""
+        return await self.call("namespaces.permissions", namespace=namespace)
+
+    async def grant_subscription_permission(self, namespace: str, subscription: str, roles: list[str]) -> dict:
+        """Reserve ``subscription`` (on the namespace's topics) to ``roles`` (added to its roles)."""
+        return await self.call("namespaces.grant_subscription_permission", namespace=namespace,
+                               subscription=subscription, roles=list(roles))
+
+    async def revoke_subscription_permission(self, namespace: str, subscription: str, role: str) -> dict:
+        """Remove ``role`` from ``subscription``'s roles."""
+        return await self.call("namespaces.revoke_subscription_permission", namespace=namespace,
+                               subscription=subscription, role=role)
+
+    async def grant_topic_permission(self, topic: str, role: str, actions: list[str]) -> dict:
+        """Grant ``actions`` on one topic to ``role``; returns the topic's own grants."""
+        return await self.call("topics.grant_permission", topic=topic, role=role, actions=list(actions))
+
+    async def revoke_topic_permission(self, topic: str, role: str) -> dict:
+        """Revoke ``role``'s topic-level actions on ``topic``."""
+        return await self.call("topics.revoke_permission", topic=topic, role=role)
+
+    async def get_topic_permissions(self, topic: str) -> dict:
+        """``{role: [actions]}`` on ``topic`` (namespace and topic grants merged)."""
+        return await self.call("topics.permissions", topic=topic)
+
     async def health(self) -> dict:
         """The broker's health answer (``ok``, ``cluster``, ``topics``)."""
         return await self.call("brokers.health")
@@ -344,10 +400,10 @@ class SyncAdminClient:
     multi-host service URL as there), with its own event loop thread.  Use as a context manager or call ``close()``."""
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
-                 connect_timeout_seconds: float = 2):
+                 connect_timeout_seconds: float = 2, authentication: Any = None):
         parse_service_url(service_url)  # fail early, in the caller's thread
         self._lt = LoopThread("minipulsar-admin")
-        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds)
+        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds, authentication)
 
     def __getattr__(self, name: str):
         attr = getattr(self._admin, name)

@@ -203,8 +203,16 @@ def render(value: Any, indent: str = "") -> str:
 # ---------------------------------------------------------------------------- verbs
 # Each returns (answer, text): ``answer`` is what --json prints, ``text`` the
 # readable form (None: render(answer)).
+def _cluster_auth_params(args) -> str | None:
+    """``--auth-token T`` as ``token:T``, else ``--auth-parameters`` (None: not given)."""
+    token = getattr(args, "auth_token", None)
+    if token:
+        return token if token.startswith(("token:", "file:")) else f"token:{token}"
+    return getattr(args, "auth_parameters", None)
+
+
 async def _clusters_create(a, args):
-    await a.create_cluster(args.name, args.url)
+    await a.create_cluster(args.name, args.url, getattr(args, "auth_plugin", None), _cluster_auth_params(args))
     return {"ok": True, "cluster": args.name, "service_url": args.url}, f"cluster {args.name} created ({args.url})"
 
 
@@ -217,7 +225,7 @@ async def _clusters_get(a, args):
 
 
 async def _clusters_update(a, args):
-    await a.update_cluster(args.name, args.url)
+    await a.update_cluster(args.name, args.url, getattr(args, "auth_plugin", None), _cluster_auth_params(args))
     return {"ok": True, "cluster": args.name, "service_url": args.url}, f"cluster {args.name} updated ({args.url})"
 
 
@@ -228,7 +236,8 @@ async def _clusters_delete(a, args):
 
 async def _tenants_create(a, args):
     clusters = split_list(args.allowed_clusters) if args.allowed_clusters else None
-    await a.create_tenant(args.tenant, clusters)
+    roles = split_list(args.admin_roles) if getattr(args, "admin_roles", None) else None
+    await a.create_tenant(args.tenant, clusters, roles)
     info = await a.get_tenant(args.tenant)
     return ({"ok": True, "tenant": args.tenant, **info},
             f"tenant {args.tenant} created (allowed clusters: {_scalar(info.get('allowed_clusters'))})")
@@ -244,7 +253,8 @@ async def _tenants_get(a, args):
 
 async def _tenants_update(a, args):
     clusters = split_list(args.allowed_clusters)
-    await a.update_tenant(args.tenant, clusters)
+    roles = split_list(args.admin_roles) if getattr(args, "admin_roles", None) is not None else None
+    await a.update_tenant(args.tenant, clusters, roles)
     return ({"ok": True, "tenant": args.tenant, "allowed_clusters": clusters},
             f"tenant {args.tenant} updated (allowed clusters: {_scalar(clusters)})")
 
@@ -414,6 +424,47 @@ async def _ns_split_bundle(a, args):
 
 
 # ---------------------------------------------------------------------------- running
+async def _ns_grant(a, args):
+    actions = split_list(args.actions)
+    answer = await a.grant_namespace_permission(args.namespace, args.role, actions)
+    return answer, f"granted {','.join(actions)} on {args.namespace} to role {args.role}"
+
+
+async def _ns_revoke(a, args):
+    answer = await a.revoke_namespace_permission(args.namespace, args.role)
+    return answer, f"revoked the permissions of role {args.role} on {args.namespace}"
+
+
+async def _ns_permissions(a, args):
+    return await a.get_namespace_permissions(args.namespace), None
+
+
+async def _ns_grant_sub(a, args):
+    roles = split_list(args.roles)
+    answer = await a.grant_subscription_permission(args.namespace, args.subscription, roles)
+    return answer, f"subscription {args.subscription} of {args.namespace} reserved to role(s) {','.join(roles)}"
+
+
+async def _ns_revoke_sub(a, args):
+    answer = await a.revoke_subscription_permission(args.namespace, args.subscription, args.role)
+    return answer, f"role {args.role} removed from subscription {args.subscription} of {args.namespace}"
+
+
+async def _topics_grant(a, args):
+    actions = split_list(args.actions)
+    answer = await a.grant_topic_permission(args.topic, args.role, actions)
+    return answer, f"granted {','.join(actions)} on {args.topic} to role {args.role}"
+
+
+async def _topics_revoke(a, args):
+    answer = await a.revoke_topic_permission(args.topic, args.role)
+    return answer, f"revoked the topic permissions of role {args.role} on {args.topic}"
+
+
+async def _topics_permissions(a, args):
+    return await a.get_topic_permissions(args.topic), None
+
+
 def _explain(exc: BaseException, url: str, timeout: float) -> str:
     """The error line; an unreachable broker gets a hint instead of a bare gRPC status."""
     from client.errors import ConnectError, Timeout
@@ -434,7 +485,11 @@ async def _run(args) -> int:
     for url in urls:
         header = f"== {url} ==" if len(urls) > 1 else None
         try:
-            async with AdminClient(url, operation_timeout_seconds=args.timeout) as admin:
+            from client.auth import authentication_from_params
+            authentication = authentication_from_params(getattr(args, "auth_plugin_global", None),
+                                                        getattr(args, "auth_params", None))
+            async with AdminClient(url, operation_timeout_seconds=args.timeout,
+                                   authentication=authentication) as admin:
                 answer, text = await args.func(admin, args)
         except Exception as exc:  # noqa: BLE001 - one line per failed cluster, go on with the others
             from client.errors import PulsarException
@@ -473,7 +528,20 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=default(False), help="print the answer as JSON")
     p.add_argument("--timeout", type=float, default=default(30.0), metavar="SECONDS",
                    help="per-call timeout (default 30)")
+    p.add_argument("--auth-plugin", dest="auth_plugin_global", default=default(None), metavar="PLUGIN",
+                   help="authentication plugin (pulsar-admin's --auth-plugin): AuthenticationToken")
+    p.add_argument("--auth-params", dest="auth_params", default=default(None), metavar="PARAMS",
+                   help="credentials (pulsar-admin's --auth-params): token:<jwt> or file:///path/to/token")
     return p
+
+
+def _cluster_auth_options(v: argparse.ArgumentParser) -> None:
+    """The replicators' credentials towards a cluster (pulsar-admin clusters create --auth-parameters;
+    the plugin is always the token one), with --auth-token as a short form."""
+    v.add_argument("--auth-parameters", dest="auth_parameters", default=None, metavar="PARAMS",
+                   help="their credentials: token:<jwt> or file:///path/to/token")
+    v.add_argument("--auth-token", dest="auth_token", default=None, metavar="JWT",
+                   help="same as --auth-parameters token:JWT")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -502,11 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
     v = verb(g, "create", _clusters_create, "register a cluster and its broker service URL")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--url", "--broker-url", dest="url", required=True, metavar="minipulsar://HOST:PORT")
+    _cluster_auth_options(v)
     verb(g, "list", _clusters_list, "list the clusters")
     verb(g, "get", _clusters_get, "show a cluster").add_argument("name", metavar="NAME")
-    v = verb(g, "update", _clusters_update, "change a cluster's service URL")
+    v = verb(g, "update", _clusters_update, "change a cluster's service URL (and the replicators' credentials)")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--url", "--broker-url", dest="url", required=True, metavar="minipulsar://HOST:PORT")
+    _cluster_auth_options(v)
     verb(g, "delete", _clusters_delete, "remove a cluster").add_argument("name", metavar="NAME")
 
     # tenants
@@ -515,11 +585,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("tenant", metavar="TENANT")
     v.add_argument("--allowed-clusters", "-c", default=None, metavar="A,B",
                    help="clusters the tenant may use (default: this cluster)")
+    v.add_argument("--admin-roles", "-r", default=None, metavar="R1,R2", help="roles administering the tenant")
     verb(g, "list", _tenants_list, "list the tenants")
     verb(g, "get", _tenants_get, "show a tenant").add_argument("tenant", metavar="TENANT")
     v = verb(g, "update", _tenants_update, "change the clusters a tenant may use")
     v.add_argument("tenant", metavar="TENANT")
     v.add_argument("--allowed-clusters", "-c", required=True, metavar="A,B")
+    v.add_argument("--admin-roles", "-r", default=None, metavar="R1,R2",
+                   help="roles administering the tenant (default: unchanged)")
     verb(g, "delete", _tenants_delete, "delete a tenant (it must have no namespaces)").add_argument(
         "tenant", metavar="TENANT")
 
@@ -546,6 +619,23 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("namespace", metavar="TENANT/NAMESPACE")
     v.add_argument("--time", "-t", type=int, required=True, metavar="MINUTES", help="-1 = infinite, 0 = none")
     v.add_argument("--size", "-s", type=int, required=True, metavar="MB", help="-1 = infinite, 0 = none")
+    v = verb(g, "grant-permission", _ns_grant, "grant produce/consume on a namespace to a role")
+    v.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    v.add_argument("--role", required=True, metavar="ROLE")
+    v.add_argument("--actions", required=True, metavar="produce,consume", help="functions is accepted and ignored")
+    v = verb(g, "revoke-permission", _ns_revoke, "revoke a role's permissions on a namespace")
+    v.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    v.add_argument("--role", required=True, metavar="ROLE")
+    verb(g, "permissions", _ns_permissions, "the roles and actions granted on a namespace").add_argument(
+        "namespace", metavar="TENANT/NAMESPACE")
+    v = verb(g, "grant-subscription-permission", _ns_grant_sub, "reserve a subscription to some roles")
+    v.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    v.add_argument("--subscription", "-s", required=True, metavar="SUB")
+    v.add_argument("--roles", required=True, metavar="R1,R2")
+    v = verb(g, "revoke-subscription-permission", _ns_revoke_sub, "remove a role from a subscription's roles")
+    v.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    v.add_argument("--subscription", "-s", required=True, metavar="SUB")
+    v.add_argument("--role", required=True, metavar="ROLE")
 
     # topics
     g = group("topics", "topics, subscriptions and stats")
@@ -587,6 +677,15 @@ def build_parser() -> argparse.ArgumentParser:
              "topic-level replication clusters (override the namespace's)")
     v.add_argument("topic", metavar="TOPIC")
     v.add_argument("--clusters", "-c", required=True, metavar="A,B")
+    v = verb(g, "grant-permission", _topics_grant, "grant produce/consume on a topic to a role")
+    v.add_argument("topic", metavar="TOPIC")
+    v.add_argument("--role", required=True, metavar="ROLE")
+    v.add_argument("--actions", required=True, metavar="produce,consume", help="functions is accepted and ignored")
+    v = verb(g, "revoke-permission", _topics_revoke, "revoke a role's permissions on a topic")
+    v.add_argument("topic", metavar="TOPIC")
+    v.add_argument("--role", required=True, metavar="ROLE")
+    verb(g, "permissions", _topics_permissions, "the roles and actions on a topic (namespace's included)"
+         ).add_argument("topic", metavar="TOPIC")
 
     verb(g, "lookup", _topics_lookup, "the broker serving a topic").add_argument("topic", metavar="TOPIC")
     g2 = ns_verbs

@@ -238,7 +238,7 @@ async def produce(args) -> int:
 
     progress = Progress(render, enabled=not args.no_progress)
     await check_reachable(args.service_url)
-    async with AsyncClient(args.service_url) as client:
+    async with AsyncClient(args.service_url, authentication=cli_authentication(args)) as client:
         producer = await client.create_producer(
             args.topic, batching_enabled=not args.disable_batching, max_pending_messages=max_outstanding,
             block_if_queue_full=True, batching_max_publish_delay_ms=1)
@@ -301,7 +301,7 @@ async def consume(args) -> int:
     progress = Progress(render, enabled=not args.no_progress)
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
     await check_reachable(args.service_url)
-    async with AsyncClient(args.service_url) as client:
+    async with AsyncClient(args.service_url, authentication=cli_authentication(args)) as client:
         consumer = await client.subscribe(args.topic, args.subscription_name, consumer_type=sub_type,
                                           initial_position=position)
         t0 = progress.start = time.monotonic()
@@ -348,6 +348,23 @@ def _position(text: str) -> str:
     return text
 
 
+def add_auth_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """pulsar-client's ``--auth-plugin`` / ``--auth-params`` (``token:<jwt>`` or
+    ``file:///path/to/token``); read back with :func:`cli_authentication`."""
+    p.add_argument("--auth-plugin", dest="auth_plugin", default=argparse.SUPPRESS if suppress else None,
+                   metavar="PLUGIN", help="authentication plugin: AuthenticationToken (the default with --auth-params)")
+    p.add_argument("--auth-params", dest="auth_params", default=argparse.SUPPRESS if suppress else None,
+                   metavar="PARAMS", help="credentials: token:<jwt> or file:///path/to/token (read again when "
+                                          "the file changes)")
+
+
+def cli_authentication(args):
+    """The ``client.auth.Authentication`` of ``--auth-plugin`` / ``--auth-params`` (None
+    without); raises InvalidConfiguration for bad params."""
+    from client.auth import authentication_from_params
+    return authentication_from_params(getattr(args, "auth_plugin", None), getattr(args, "auth_params", None))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``minipulsar-client`` argument parser (subcommands ``produce``, ``consume``)."""
     def common_options(suppress: bool) -> argparse.ArgumentParser:
@@ -358,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"broker service URL (default ${SERVICE_URL_ENV} or {DEFAULT_SERVICE_URL})")
         common.add_argument("--no-progress", action="store_true",
                             default=argparse.SUPPRESS if suppress else False, help="no progress line on stderr")
+        add_auth_options(common, suppress)
         return common
 
     common = common_options(suppress=True)

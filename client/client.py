@@ -45,7 +45,10 @@ class AsyncClient:
     the channels' reconnect backoff and the time a host of a multi-host URL
     gets to accept a connection (ms); ``keep_alive_interval_seconds``: HTTP/2
     keepalive pings while streams are open; ``max_lookup_redirects``: REDIRECT
-    answers one lookup follows at most (Pulsar's maxLookupRedirects, 20).
+    answers one lookup follows at most (Pulsar's maxLookupRedirects, 20);
+    ``authentication``: a ``client.auth.Authentication`` such as
+    ``AuthenticationToken(token or callable)`` (Pulsar's ``authentication``), its
+    metadata sent on every call and stream.
     Construct inside a running event loop (or use it from one before the first
     call); use as ``async with AsyncClient(url) as client:``.  Raises
     ``InvalidConfiguration`` for a bad URL, timeout or redirect limit.
@@ -58,8 +61,9 @@ class AsyncClient:
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connection_timeout_ms: int = 10000, keep_alive_interval_seconds: float = 30,
-                 max_lookup_redirects: int = DEFAULT_MAX_LOOKUP_REDIRECTS, **unsupported: Any):
-        for key in ("authentication", "io_threads", "message_listener_threads", "concurrent_lookup_requests",
+                 max_lookup_redirects: int = DEFAULT_MAX_LOOKUP_REDIRECTS, authentication: Any = None,
+                 **unsupported: Any):
+        for key in ("io_threads", "message_listener_threads", "concurrent_lookup_requests",
                     "log_conf_file_path", "use_tls", "tls_trust_certs_file_path", "tls_allow_insecure_connection",
                     "tls_validate_hostname", "logger", "listener_name", "stats_interval_in_seconds"):
             if unsupported.pop(key, None) not in (None, False):
@@ -74,6 +78,13 @@ class AsyncClient:
         self.keep_alive_interval_seconds = keep_alive_interval_seconds
         # proto.channels.ChannelSecurity of every channel of this client (None: plaintext, no credentials)
         self.security = None
+        if authentication is not None:  # client.auth.Authentication: its metadata on every call
+            from client.auth import Authentication
+            from proto.channels import ChannelSecurity
+            if not isinstance(authentication, Authentication):
+                raise InvalidConfiguration("authentication must be a client.auth.Authentication, e.g. "
+                                           "AuthenticationToken(token)")
+            self.security = ChannelSecurity(authentication=authentication)
         self._resolver = ServiceNameResolver(self.service_url)
         self._lookups = LookupService(self._ask_lookup, self.operation_timeout_seconds, max_lookup_redirects)
         self._pool: ConnectionPool | None = None

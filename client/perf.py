@@ -344,7 +344,9 @@ def _report(args, sections: dict[str, tuple[Meter, str]], extra: dict) -> None:
 
 async def _with_client(args, body):
     from client.client import AsyncClient
-    async with AsyncClient(args.service_url, operation_timeout_seconds=args.operation_timeout) as client:
+    from client.cli import cli_authentication
+    async with AsyncClient(args.service_url, operation_timeout_seconds=args.operation_timeout,
+                           authentication=cli_authentication(args)) as client:
         return await body(client)
 
 
@@ -462,6 +464,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("topic", metavar="TOPIC")
     p.add_argument("--service-url", "--url", dest="service_url", default=default_service_url(),
                    help=f"broker service URL (default ${SERVICE_URL_ENV} or {DEFAULT_SERVICE_URL})")
+    from client.cli import add_auth_options
+    add_auth_options(p)
     p.add_argument("-i", "--stats-interval", dest="interval", type=float, default=10.0, metavar="SECONDS",
                    help="seconds between stats lines (default 10)")
     p.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS",

@@ -31,8 +31,8 @@ import grpc
 from client.batching import PendingMessage
 from client.connection import Backoff, is_retriable, map_rpc_error
 from client.lookup import reconnect_delay
-from client.errors import (AlreadyClosed, AuthorizationError, ConnectError, InvalidTopicName, NotAllowed,
-                           ProducerQueueIsFull, PulsarException, ServiceNotReady, Timeout, TopicNotFound,
+from client.errors import (AlreadyClosed, AuthenticationError, AuthorizationError, ConnectError, InvalidTopicName,
+                           NotAllowed, ProducerQueueIsFull, PulsarException, ServiceNotReady, Timeout, TopicNotFound,
                            TopicTerminated, error_from_status)
 from client.message_accumulator import MessageAccumulator, make_message
 from client.message_id import MessageId
@@ -45,7 +45,7 @@ __all__ = ["Producer", "SendCallback", "is_duplicate"]
 log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 8 * 1024 * 1024  # coalesce Sends into frames of up to this many bytes (one op may be larger)
-_FATAL = (TopicTerminated, TopicNotFound, AuthorizationError, InvalidTopicName, NotAllowed)
+_FATAL = (TopicTerminated, TopicNotFound, AuthorizationError, AuthenticationError, InvalidTopicName, NotAllowed)
 _CONNECTING, _READY, _CLOSING, _CLOSED, _FAILED = "connecting", "ready", "closing", "closed", "failed"
 
 

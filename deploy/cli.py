@@ -58,6 +58,15 @@ def _add_cluster(subparsers) -> None:
     p.set_defaults(func=run_from_args)
 
 
+def _add_tokens(subparsers) -> None:
+    from deploy.tokens_cli import add_arguments, run_from_args
+
+    p = subparsers.add_parser("tokens", help="keys and JWT tokens for token authentication (like `pulsar tokens`)",
+                              description="Create secret keys, key pairs and tokens; show and validate tokens")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
 # name -> function adding that subcommand's parser
 SUBCOMMANDS: dict[str, Callable] = {
     "bookie": _add_bookie,
@@ -65,6 +74,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "standalone": _add_standalone,
     "geo": _add_geo,
     "cluster": _add_cluster,
+    "tokens": _add_tokens,
 }
 
 

@@ -24,6 +24,8 @@ from typing import Any, Optional, Sequence
 
 import grpc
 
+from proto.auth_channel import with_authentication
+
 __all__ = ["ChannelSecurity", "ServerSecurity", "open_channel", "add_server_port"]
 
 
@@ -77,7 +79,8 @@ def open_channel(target: str, options: Optional[Sequence[tuple]] = None,
     options = list(options or [])
     if security is None:
         return grpc.aio.insecure_channel(target, options=options)
-    return grpc.aio.insecure_channel(target, options=options)
+    # authentication: the credentials' metadata is added to every call
+    return with_authentication(grpc.aio.insecure_channel(target, options=options), security)
 
 
 def add_server_port(server: grpc.aio.Server, address: str, security: Optional[ServerSecurity] = None) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "PulsarException", "TopicNotFound", "ProducerBusy", "ConsumerBusy", "MessageTooBig",
-    "Timeout", "AlreadyClosed", "AuthorizationError", "InvalidTopicName",
+    "Timeout", "AlreadyClosed", "AuthenticationError", "AuthorizationError", "InvalidTopicName",
     "InvalidConfiguration", "ConnectError", "ProducerQueueIsFull", "CorruptedMessage",
     "ChecksumError", "NotAllowed", "TopicTerminated", "NotFound", "AlreadyExists", "PreconditionFailed",
     "ServiceNotReady", "InvalidArgument", "error_from_status", "to_status",
@@ -96,6 +96,16 @@ class AlreadyClosed(PulsarException):
     default_message = "this client/producer/consumer is already closed; create a new one"
 
 
+class AuthenticationError(PulsarException):
+    """Raised when the broker (or bookie) refuses the credentials: no token, a
+    token that is malformed, expired, tampered with or signed with another key
+    (Pulsar's AuthenticationException / the Python client's AuthenticationError)."""
+
+    grpc_code = "UNAUTHENTICATED"
+    default_message = ("authentication failed: give the client a valid token, e.g. "
+                       "Client(url, authentication=AuthenticationToken(token)) or --auth-params token:...")
+
+
 class AuthorizationError(PulsarException):
     """Raised when the credentials are missing, invalid, or lack the permission
     for the tenant/namespace/topic."""
@@ -174,7 +184,7 @@ class TopicTerminated(PulsarException):
 _BY_NAME: dict[str, type[PulsarException]] = {
     cls.__name__: cls
     for cls in (PulsarException, TopicNotFound, ProducerBusy, ConsumerBusy, MessageTooBig, Timeout,
-                AlreadyClosed, AuthorizationError, InvalidTopicName, InvalidConfiguration, ConnectError,
+                AlreadyClosed, AuthenticationError, AuthorizationError, InvalidTopicName, InvalidConfiguration, ConnectError,
                 ProducerQueueIsFull, CorruptedMessage, ChecksumError, NotAllowed, TopicTerminated)
 }
 

@@ -166,6 +166,15 @@ class GeoBrokerService(BrokerService):
             if rep is not None:
                 await rep.close()
 
+    async def on_cluster_credentials_changed(self, name: str) -> None:
+        """The credentials of cluster ``name`` changed (``clusters update ... --auth-token``):
+        its replicators reconnect with them (their cursors stay: nothing is re-sent twice)."""
+        for topic in list(self.topics.values()):
+            rep = topic.replicators.pop(name, None)
+            if rep is not None:
+                await rep.close()
+                await self.check_replication(topic, allow_delete=False)
+
     async def on_topic_loaded(self, topic: PersistentTopic, policies: Policies) -> None:
         """BrokerService hook: start the new topic's replicators (Pulsar's checkReplication
         on topic load). A topic is only deleted on a policy change, not when loaded: each
@@ -243,8 +252,25 @@ class GeoBrokerService(BrokerService):
         """The ``proto.channels.ChannelSecurity`` of this broker's links to remote
         ``cluster`` (its registered ``cluster_data``: ``/admin/clusters/<name>``):
         the broker's own client security (Pulsar's ``brokerClientTlsEnabled`` /
-        ``brokerClientAuthenticationPlugin``); None: plaintext, no credentials."""
-        return self.broker_client_security
+        ``brokerClientAuthenticationPlugin``); None: plaintext, no credentials.
+        The cluster's own credentials (``authentication_parameters`` of its
+        cluster data, ``clusters create ... --auth-token``; Pulsar's
+        ClusterData.authenticationParameters) replace the broker's."""
+        security = self.broker_client_security
+        params = (cluster_data or {}).get("authentication_parameters")
+        if params:
+            import dataclasses
+
+            from proto.authentication import authentication_from_params
+            from proto.errors import InvalidConfiguration
+            try:
+                auth = authentication_from_params(cluster_data.get("authentication_plugin"), params)
+            except InvalidConfiguration as exc:
+                log.warning("cluster %s: unusable authentication_parameters (%s); using the broker's own",
+                            cluster, exc)
+                return security
+            security = dataclasses.replace(security or ChannelSecurity(), authentication=auth)
+        return security
 
     async def _ensure_remote_partitions(self, topic: PersistentTopic, url: str,
                                         security: Optional[ChannelSecurity] = None) -> None:

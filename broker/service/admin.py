@@ -99,6 +99,25 @@ SUBSCRIPTION = _STR.validated(_check_subscription)
 SERVICE_URL = _STR.validated(_check_service_url)
 
 
+def _check_role(key: str, value: Any) -> None:
+    for role in (value if isinstance(value, list) else [value]):
+        if not role.strip():
+            raise InvalidArgument(f"{key}: a role must be a non-empty string")
+
+
+def _check_actions(key: str, value: Any) -> None:
+    from broker.security.authorization import check_actions
+    try:
+        check_actions(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"{key}: {exc}") from None
+
+
+ROLE = _STR.validated(_check_role)
+ROLES = _STR_LIST.validated(_check_role)
+ACTIONS = _STR_LIST.validated(_check_actions)
+
+
 def verb(method: str, /, **fields: Arg):
     """Register the handler of admin ``method`` whose body has ``fields`` (checked by :func:`check_body`)."""
     def register(fn: Handler) -> Handler:
@@ -170,15 +189,32 @@ async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
 
 
 # ---- clusters -----------------------------------------------------------
-@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL)
+def _cluster_auth(b: dict) -> dict:
+    """The cluster data keys of Pulsar's ClusterData.authenticationPlugin / Parameters
+    (the replicators' credentials towards that cluster) given in ``b``."""
+    from proto.authentication import authentication_from_params
+    from proto.errors import InvalidConfiguration
+    extra = {k: b[k] for k in ("authentication_plugin", "authentication_parameters") if k in b}
+    try:
+        authentication_from_params(extra.get("authentication_plugin"), extra.get("authentication_parameters"))
+    except InvalidConfiguration as exc:
+        raise InvalidArgument(f"authentication_parameters: {exc.message}") from None
+    return extra
+
+
+@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL, authentication_plugin=_STR.optional(),
+      authentication_parameters=_STR.optional())
 async def _clusters_create(s: BrokerService, b: dict):
-    await s.resources.create_cluster(b["name"], b["service_url"])
+    await s.resources.create_cluster(b["name"], b["service_url"], _cluster_auth(b))
     return {"ok": True}
 
 
-@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL)
+@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL, authentication_plugin=_STR.optional(),
+      authentication_parameters=_STR.optional())
 async def _clusters_update(s: BrokerService, b: dict):
-    await s.resources.update_cluster(b["name"], b["service_url"])
+    await s.resources.update_cluster(b["name"], b["service_url"], _cluster_auth(b))
+    if "authentication_parameters" in b:
+        await s.on_cluster_credentials_changed(b["name"])
     return {"ok": True}
 
 
@@ -201,18 +237,19 @@ async def _clusters_delete(s: BrokerService, b: dict):
 
 
 # ---- tenants ------------------------------------------------------------
-@verb("tenants.create", tenant=TENANT, allowed_clusters=CLUSTERS.optional())
+@verb("tenants.create", tenant=TENANT, allowed_clusters=CLUSTERS.optional(), admin_roles=ROLES.optional())
 async def _tenants_create(s: BrokerService, b: dict):
     clusters = b.get("allowed_clusters")
     if clusters is None:
         clusters = [s.config.cluster_name]
-    await s.resources.create_tenant(b["tenant"], clusters)
+    await s.resources.create_tenant(b["tenant"], clusters, b.get("admin_roles"))
     return {"ok": True}
 
 
-@verb("tenants.update", tenant=TENANT, allowed_clusters=CLUSTERS)
+@verb("tenants.update", tenant=TENANT, allowed_clusters=CLUSTERS, admin_roles=ROLES.optional())
 async def _tenants_update(s: BrokerService, b: dict):
-    await s.resources.update_tenant(b["tenant"], b["allowed_clusters"])
+    await s.resources.update_tenant(b["tenant"], b["allowed_clusters"], b.get("admin_roles"))
+    await _recheck_tenant(s, b["tenant"])
     return {"ok": True}
 
 
@@ -316,6 +353,76 @@ async def _ns_retention(s: BrokerService, b: dict):
             topic.ml.config.default_retention_time_in_minutes = t
             topic.ml.config.default_retention_size_in_mb = size
     return result
+
+
+# ---- permissions (Pulsar's namespaces/topics grant-permission, AuthPolicies) ----------
+async def _recheck(s: BrokerService, namespace: str) -> None:
+    """After a permission change: end the streams of ``namespace`` whose role lost it."""
+    security = getattr(s, "security", None)
+    if security is not None:
+        await security.recheck_namespace(s, namespace)
+
+
+async def _recheck_tenant(s: BrokerService, tenant: str) -> None:
+    security = getattr(s, "security", None)
+    if security is not None:
+        for namespace in {t.name.namespace for t in list(s.topics.values()) if t.name.tenant == tenant}:
+            await security.recheck_namespace(s, namespace)
+
+
+async def _set_auth(s: BrokerService, namespace: str, change: Callable[[dict], None]) -> dict:
+    """Apply ``change`` to a copy of the namespace's ``auth_policies``, store it, re-check streams."""
+    policies = await s.resources.get_policies(namespace)
+    auth = json.loads(json.dumps(policies.auth_policies or {}))
+    for key in ("namespace_auth", "destination_auth", "subscription_auth_roles"):
+        auth.setdefault(key, {})
+    change(auth)
+    await _update_policies(s, namespace, auth_policies=auth)
+    await _recheck(s, namespace)
+    return auth
+
+
+@verb("namespaces.grant_permission", namespace=NAMESPACE, role=ROLE, actions=ACTIONS)
+async def _ns_grant(s: BrokerService, b: dict):
+    """Grant ``actions`` (produce, consume; functions ignored) on a namespace to ``role``."""
+    from broker.security.authorization import check_actions
+    actions = check_actions(b["actions"])
+    auth = await _set_auth(s, b["namespace"], lambda a: a["namespace_auth"].__setitem__(b["role"], actions))
+    return auth["namespace_auth"]
+
+
+@verb("namespaces.revoke_permission", namespace=NAMESPACE, role=ROLE)
+async def _ns_revoke(s: BrokerService, b: dict):
+    """Revoke every namespace-level action of ``role`` (its connected streams end)."""
+    auth = await _set_auth(s, b["namespace"], lambda a: a["namespace_auth"].pop(b["role"], None))
+    return auth["namespace_auth"]
+
+
+@verb("namespaces.permissions", namespace=NAMESPACE)
+async def _ns_permissions(s: BrokerService, b: dict):
+    """``{role: [actions]}`` granted on the namespace."""
+    return dict(((await s.resources.get_policies(b["namespace"])).auth_policies or {}).get("namespace_auth", {}))
+
+
+@verb("namespaces.grant_subscription_permission", namespace=NAMESPACE, subscription=SUBSCRIPTION, roles=ROLES)
+async def _ns_grant_sub(s: BrokerService, b: dict):
+    """Reserve ``subscription`` of the namespace's topics to ``roles`` (added to those it has)."""
+    def change(a: dict) -> None:
+        a["subscription_auth_roles"][b["subscription"]] = sorted(
+            set(a["subscription_auth_roles"].get(b["subscription"], [])) | set(b["roles"]))
+    return (await _set_auth(s, b["namespace"], change))["subscription_auth_roles"]
+
+
+@verb("namespaces.revoke_subscription_permission", namespace=NAMESPACE, subscription=SUBSCRIPTION, role=ROLE)
+async def _ns_revoke_sub(s: BrokerService, b: dict):
+    """Remove ``role`` from the roles of ``subscription`` (no roles left: open to any consume permission)."""
+    def change(a: dict) -> None:
+        roles = [r for r in a["subscription_auth_roles"].get(b["subscription"], []) if r != b["role"]]
+        if roles:
+            a["subscription_auth_roles"][b["subscription"]] = roles
+        else:
+            a["subscription_auth_roles"].pop(b["subscription"], None)
+    return (await _set_auth(s, b["namespace"], change))["subscription_auth_roles"]
 
 
 # ---- topics ---------------------------------------------------------------
@@ -525,6 +632,42 @@ async def _topics_set_repl(s: BrokerService, b: dict):
     await s.resources.set_topic_policies(base, tp)
     await s.on_policies_changed(tn.namespace, policies)
     return tp
+
+
+@verb("topics.grant_permission", topic=TOPIC, role=ROLE, actions=ACTIONS)
+async def _topics_grant(s: BrokerService, b: dict):
+    """Grant ``actions`` on one topic (of a partitioned topic: on all its partitions) to ``role``."""
+    from broker.security.authorization import check_actions
+    tn = _topic(b).partitioned_topic_name
+    actions = check_actions(b["actions"])
+    auth = await _set_auth(s, tn.namespace,
+                           lambda a: a["destination_auth"].setdefault(str(tn), {}).__setitem__(b["role"], actions))
+    return auth["destination_auth"].get(str(tn), {})
+
+
+@verb("topics.revoke_permission", topic=TOPIC, role=ROLE)
+async def _topics_revoke(s: BrokerService, b: dict):
+    """Revoke ``role``'s topic-level actions on the topic (namespace grants stay)."""
+    tn = _topic(b).partitioned_topic_name
+
+    def change(a: dict) -> None:
+        roles = a["destination_auth"].get(str(tn), {})
+        roles.pop(b["role"], None)
+        if not roles:
+            a["destination_auth"].pop(str(tn), None)
+    auth = await _set_auth(s, tn.namespace, change)
+    return auth["destination_auth"].get(str(tn), {})
+
+
+@verb("topics.permissions", topic=TOPIC)
+async def _topics_permissions(s: BrokerService, b: dict):
+    """``{role: [actions]}`` on the topic: the namespace's grants merged with the topic's (Pulsar)."""
+    tn = _topic(b).partitioned_topic_name
+    auth = (await s.resources.get_policies(tn.namespace)).auth_policies or {}
+    merged = {role: set(actions) for role, actions in auth.get("namespace_auth", {}).items()}
+    for role, actions in auth.get("destination_auth", {}).get(str(tn), {}).items():
+        merged.setdefault(role, set()).update(actions)
+    return {role: sorted(actions) for role, actions in merged.items()}
 
 
 @verb("topics.inject_send_failure", topic=TOPIC, count=_INT)

@@ -43,6 +43,8 @@ class BrokerService:
         self.config = config
         # proto.channels.ChannelSecurity of this broker's own links to other brokers (set by BrokerServer)
         self.broker_client_security = None
+        # broker.security.broker_security.BrokerSecurity (set by BrokerServer); None: no checks
+        self.security = None
         self.metadata = metadata
         self.bk = bk
         self.resources = Resources(metadata)
@@ -186,6 +188,9 @@ class BrokerService:
 
     async def on_policies_changed(self, namespace: str, policies: Policies) -> None:
         """Hook for geo-replication (re-checks replicators of the namespace's topics)."""
+
+    async def on_cluster_credentials_changed(self, name: str) -> None:
+        """Hook for geo-replication (replicators to ``name`` reconnect with its new credentials)."""
 
     async def on_cluster_deleted(self, name: str) -> None:
         """Hook for geo-replication (closes replicators to the deleted cluster)."""

@@ -69,6 +69,9 @@ class Policies:
     message_ttl_in_seconds: int = 0                       # 0: no TTL
     retention_time_in_minutes: Optional[int] = None       # None: broker default
     retention_size_in_mb: Optional[int] = None
+    # Pulsar's AuthPolicies: {"namespace_auth": {role: [actions]}, "destination_auth": {topic: {role: [actions]}},
+    # "subscription_auth_roles": {subscription: [roles]}} (broker.security.authorization reads them)
+    auth_policies: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: bytes) -> "Policies":
@@ -104,7 +107,7 @@ class Resources:
         return json.loads(res.value), res.version
 
     # ---- clusters -------------------------------------------------------
-    async def create_cluster(self, name: str, service_url: str) -> None:
+    async def create_cluster(self, name: str, service_url: str, extra: Optional[dict] = None) -> None:
         """Register cluster ``name`` with its ``service_url`` (``minipulsar://host:port``)
         at ``/admin/clusters/<name>`` (Pulsar's ClusterResources.createCluster /
         ``pulsar-admin clusters create``). Raises InvalidArgument (bad name or URL),
@@ -115,16 +118,21 @@ class Resources:
             raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
         if await self.store.exists(f"/admin/clusters/{name}"):
             raise AlreadyExists(f"cluster {name} already exists")
-        await self.store.put(f"/admin/clusters/{name}", json.dumps({"service_url": service_url}).encode(), -1)
+        data = {**(extra or {}), "service_url": service_url}   # extra: authentication_plugin / _parameters
+        await self.store.put(f"/admin/clusters/{name}", json.dumps(data).encode(), -1)
 
-    async def update_cluster(self, name: str, service_url: str) -> None:
+    async def update_cluster(self, name: str, service_url: str, extra: Optional[dict] = None) -> None:
         """Replace the ``service_url`` (``minipulsar://host:port``) of an existing
-        cluster (ClusterResources.updateCluster). Raises NotFound (no such cluster),
-        InvalidArgument (bad name or URL)."""
-        await self.get_cluster(name)
+        cluster (ClusterResources.updateCluster), and the keys of ``extra``
+        (``authentication_plugin`` / ``authentication_parameters``); its other keys
+        are kept. Raises NotFound (no such cluster), InvalidArgument (bad name or URL)."""
+        current = await self.get_cluster(name)
         if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
             raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
-        await self.store.put(f"/admin/clusters/{name}", json.dumps({"service_url": service_url}).encode())
+        data = {k: v for k, v in current.items() if k != "name"}
+        data.update(extra or {})
+        data["service_url"] = service_url
+        await self.store.put(f"/admin/clusters/{name}", json.dumps(data).encode())
 
     async def get_cluster(self, name: str) -> dict:
         """``{"name": name, "service_url": ...}`` of a registered cluster
@@ -147,7 +155,8 @@ class Resources:
         await self.store.delete(f"/admin/clusters/{name}")
 
     # ---- tenants --------------------------------------------------------
-    async def create_tenant(self, tenant: str, allowed_clusters: list[str]) -> None:
+    async def create_tenant(self, tenant: str, allowed_clusters: list[str],
+                            admin_roles: Optional[list[str]] = None) -> None:
         """Create ``tenant`` with TenantInfo ``{"allowed_clusters": [...]}`` at
         ``/admin/policies/<tenant>`` (Pulsar's TenantResources.createTenant). Raises
         InvalidArgument (bad name, ``allowed_clusters`` not a list of str),
@@ -156,15 +165,22 @@ class Resources:
         if await self.store.exists(f"/admin/policies/{tenant}"):
             raise AlreadyExists(f"tenant {tenant} already exists")
         await self._check_clusters_exist(allowed_clusters)
-        await self.store.put(f"/admin/policies/{tenant}",
-                             json.dumps({"allowed_clusters": list(allowed_clusters)}).encode(), -1)
+        info: dict = {"allowed_clusters": list(allowed_clusters)}
+        if admin_roles:                                    # TenantInfo.adminRoles
+            info["admin_roles"] = list(admin_roles)
+        await self.store.put(f"/admin/policies/{tenant}", json.dumps(info).encode(), -1)
 
-    async def update_tenant(self, tenant: str, allowed_clusters: list[str]) -> None:
-        """Replace an existing tenant's ``allowed_clusters`` (TenantResources.updateTenant).
+    async def update_tenant(self, tenant: str, allowed_clusters: list[str],
+                            admin_roles: Optional[list[str]] = None) -> None:
+        """Replace an existing tenant's ``allowed_clusters`` and, when given, its
+        ``admin_roles`` (TenantResources.updateTenant; else they are kept).
         Raises InvalidArgument, NotFound (no such tenant, or an unregistered cluster)."""
-        await self.get_tenant(tenant)
+        current = await self.get_tenant(tenant)
         await self._check_clusters_exist(allowed_clusters)
-        await self.store.put(f"/admin/policies/{tenant}", json.dumps({"allowed_clusters": list(allowed_clusters)}).encode())
+        info: dict = {**current, "allowed_clusters": list(allowed_clusters)}
+        if admin_roles is not None:
+            info["admin_roles"] = list(admin_roles)
+        await self.store.put(f"/admin/policies/{tenant}", json.dumps(info).encode())
 
     async def get_tenant(self, tenant: str) -> dict:
         """The tenant's TenantInfo dict (``{"allowed_clusters": [...]}``;
