@@ -68,6 +68,12 @@ class BookieConfig:
         metadataServiceUri and bookie registration; see bookie.registration).
     advertised_address: host name or IP the bookie registers (BookKeeper's
         advertisedAddress); "" = ``host``.
+    tls_enabled: serve TLS only (BookKeeper's tlsProvider), with
+        tls_certificate_file_path / tls_key_file_path (PEM; BookKeeper's
+        tlsCertificatePath / tlsKeyStore). tls_trust_certs_file_path: the CA of
+        client certificates (tlsTrustStore); with
+        tls_require_trusted_client_cert_on_connect (tlsClientAuthentication)
+        only clients presenting a certificate that CA signed (the brokers) connect.
     """
 
     port: int = 3181
@@ -83,6 +89,11 @@ class BookieConfig:
     max_db_size_bytes: int | None = None
     metadata_store_url: str = ""
     advertised_address: str = ""
+    tls_enabled: bool = False
+    tls_certificate_file_path: str = ""
+    tls_key_file_path: str = ""
+    tls_trust_certs_file_path: str = ""
+    tls_require_trusted_client_cert_on_connect: bool = False
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "BookieConfig":
@@ -445,6 +456,12 @@ class BookieServer:
         self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
         # proto.channels.ServerSecurity of the bookie's port (None: plaintext, no authentication)
         self.security: ServerSecurity | None = None
+        if config.tls_enabled:
+            self.security = ServerSecurity(
+                tls=True, tls_certificate_file_path=config.tls_certificate_file_path,
+                tls_key_file_path=config.tls_key_file_path,
+                tls_trust_certs_file_path=config.tls_trust_certs_file_path or None,
+                tls_require_trusted_client_cert_on_connect=config.tls_require_trusted_client_cert_on_connect)
 
     @property
     def address(self) -> str:

@@ -40,7 +40,8 @@ import sys
 import time
 from typing import Any
 
-from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, default_service_url, error_line, run_main
+from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, add_tls_arguments, default_service_url, \
+    error_line, run_main, tls_kwargs
 
 __all__ = ["main", "build_parser", "render", "parse_reset_time", "split_list", "service_urls"]
 
@@ -204,7 +205,7 @@ def render(value: Any, indent: str = "") -> str:
 # Each returns (answer, text): ``answer`` is what --json prints, ``text`` the
 # readable form (None: render(answer)).
 async def _clusters_create(a, args):
-    await a.create_cluster(args.name, args.url)
+    await a.create_cluster(args.name, args.url, args.url_secure)
     return {"ok": True, "cluster": args.name, "service_url": args.url}, f"cluster {args.name} created ({args.url})"
 
 
@@ -217,7 +218,7 @@ async def _clusters_get(a, args):
 
 
 async def _clusters_update(a, args):
-    await a.update_cluster(args.name, args.url)
+    await a.update_cluster(args.name, args.url, args.url_secure)
     return {"ok": True, "cluster": args.name, "service_url": args.url}, f"cluster {args.name} updated ({args.url})"
 
 
@@ -417,7 +418,7 @@ async def _ns_split_bundle(a, args):
 def _explain(exc: BaseException, url: str, timeout: float) -> str:
     """The error line; an unreachable broker gets a hint instead of a bare gRPC status."""
     from client.errors import ConnectError, Timeout
-    if getattr(exc, "unreachable", None):      # nothing accepted the connection: error_line says so
+    if getattr(exc, "unreachable", None) or getattr(exc, "tls_problem", False):  # error_line says it all
         return error_line(exc)
     if isinstance(exc, (ConnectError, Timeout)):
         return (f"no answer from the broker at {url} within {timeout:g} s ({error_line(exc)}); check "
@@ -434,7 +435,7 @@ async def _run(args) -> int:
     for url in urls:
         header = f"== {url} ==" if len(urls) > 1 else None
         try:
-            async with AdminClient(url, operation_timeout_seconds=args.timeout) as admin:
+            async with AdminClient(url, operation_timeout_seconds=args.timeout, **tls_kwargs(args)) as admin:
                 answer, text = await args.func(admin, args)
         except Exception as exc:  # noqa: BLE001 - one line per failed cluster, go on with the others
             from client.errors import PulsarException
@@ -471,6 +472,7 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
                                        f"{DEFAULT_SERVICE_URL}); repeat it or give a comma-separated list to "
                                        f"apply the same call to several clusters")
     p.add_argument("--json", action="store_true", default=default(False), help="print the answer as JSON")
+    add_tls_arguments(p, suppress)
     p.add_argument("--timeout", type=float, default=default(30.0), metavar="SECONDS",
                    help="per-call timeout (default 30)")
     return p
@@ -502,11 +504,17 @@ def build_parser() -> argparse.ArgumentParser:
     v = verb(g, "create", _clusters_create, "register a cluster and its broker service URL")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--url", "--broker-url", dest="url", required=True, metavar="minipulsar://HOST:PORT")
+    v.add_argument("--broker-url-secure", "--url-secure", dest="url_secure", default=None,
+                   metavar="minipulsar+ssl://HOST:PORT",
+                   help="the cluster's TLS URL (Pulsar's brokerServiceUrlTls), used by replicators of brokers "
+                        "with broker_client_tls_enabled")
     verb(g, "list", _clusters_list, "list the clusters")
     verb(g, "get", _clusters_get, "show a cluster").add_argument("name", metavar="NAME")
     v = verb(g, "update", _clusters_update, "change a cluster's service URL")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--url", "--broker-url", dest="url", required=True, metavar="minipulsar://HOST:PORT")
+    v.add_argument("--broker-url-secure", "--url-secure", dest="url_secure", default=None,
+                   metavar="minipulsar+ssl://HOST:PORT", help="the cluster's TLS URL (brokerServiceUrlTls)")
     verb(g, "delete", _clusters_delete, "remove a cluster").add_argument("name", metavar="NAME")
 
     # tenants

@@ -25,6 +25,7 @@ from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration, Pul
 from client.lookup import DEFAULT_MAX_LOOKUP_REDIRECTS, LookupResult, LookupService
 from client.message_id import MessageId
 from client.producer_config import ProducerConfig
+from client.tls import TLS_OPTION_NAMES, tls_channel_security
 from client.topic_name import TopicName
 from proto import broker_pb2 as pb
 from proto.broker_pb2_grpc import PulsarBrokerStub
@@ -46,6 +47,11 @@ class AsyncClient:
     gets to accept a connection (ms); ``keep_alive_interval_seconds``: HTTP/2
     keepalive pings while streams are open; ``max_lookup_redirects``: REDIRECT
     answers one lookup follows at most (Pulsar's maxLookupRedirects, 20).
+    TLS (``client.tls``): a ``minipulsar+ssl://`` URL (or ``use_tls=True``)
+    with ``tls_trust_certs_file_path`` (PEM CA bundle; default the system
+    roots), optionally ``tls_certificate_file_path`` / ``tls_key_file_path``
+    (client certificate); ``tls_allow_insecure_connection`` /
+    ``tls_validate_hostname`` are accepted, gRPC always verifies both.
     Construct inside a running event loop (or use it from one before the first
     call); use as ``async with AsyncClient(url) as client:``.  Raises
     ``InvalidConfiguration`` for a bad URL, timeout or redirect limit.
@@ -59,9 +65,9 @@ class AsyncClient:
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connection_timeout_ms: int = 10000, keep_alive_interval_seconds: float = 30,
                  max_lookup_redirects: int = DEFAULT_MAX_LOOKUP_REDIRECTS, **unsupported: Any):
+        tls_options = {key: unsupported.pop(key) for key in TLS_OPTION_NAMES if key in unsupported}
         for key in ("authentication", "io_threads", "message_listener_threads", "concurrent_lookup_requests",
-                    "log_conf_file_path", "use_tls", "tls_trust_certs_file_path", "tls_allow_insecure_connection",
-                    "tls_validate_hostname", "logger", "listener_name", "stats_interval_in_seconds"):
+                    "log_conf_file_path", "logger", "listener_name", "stats_interval_in_seconds"):
             if unsupported.pop(key, None) not in (None, False):
                 log.warning("client option %s is not supported by minipulsar and is ignored", key)
         if unsupported:
@@ -73,7 +79,7 @@ class AsyncClient:
         self.connection_timeout_ms = int(connection_timeout_ms)
         self.keep_alive_interval_seconds = keep_alive_interval_seconds
         # proto.channels.ChannelSecurity of every channel of this client (None: plaintext, no credentials)
-        self.security = None
+        self.security = tls_channel_security(self.service_url, **tls_options)
         self._resolver = ServiceNameResolver(self.service_url)
         self._lookups = LookupService(self._ask_lookup, self.operation_timeout_seconds, max_lookup_redirects)
         self._pool: ConnectionPool | None = None

@@ -46,8 +46,8 @@ import sys
 import time
 from typing import Any
 
-from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, default_service_url, install_stop_handlers, \
-    run_main
+from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, add_tls_arguments, default_service_url, \
+    install_stop_handlers, run_main, tls_kwargs
 from client.perf_stats import Meter, TokenBucket, format_interval, format_summary, make_stamper, read_stamp
 
 __all__ = ["main", "build_parser", "PerfProducers", "PerfConsumers"]
@@ -344,7 +344,8 @@ def _report(args, sections: dict[str, tuple[Meter, str]], extra: dict) -> None:
 
 async def _with_client(args, body):
     from client.client import AsyncClient
-    async with AsyncClient(args.service_url, operation_timeout_seconds=args.operation_timeout) as client:
+    async with AsyncClient(args.service_url, operation_timeout_seconds=args.operation_timeout,
+                           **tls_kwargs(args)) as client:
         return await body(client)
 
 
@@ -462,6 +463,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("topic", metavar="TOPIC")
     p.add_argument("--service-url", "--url", dest="service_url", default=default_service_url(),
                    help=f"broker service URL (default ${SERVICE_URL_ENV} or {DEFAULT_SERVICE_URL})")
+    add_tls_arguments(p)
     p.add_argument("-i", "--stats-interval", dest="interval", type=float, default=10.0, metavar="SECONDS",
                    help="seconds between stats lines (default 10)")
     p.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS",

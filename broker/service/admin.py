@@ -170,15 +170,15 @@ async def dispatch(service: BrokerService, method: str, body_json: str) -> str:
 
 
 # ---- clusters -----------------------------------------------------------
-@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL)
+@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL, service_url_tls=SERVICE_URL.optional())
 async def _clusters_create(s: BrokerService, b: dict):
-    await s.resources.create_cluster(b["name"], b["service_url"])
+    await s.resources.create_cluster(b["name"], b["service_url"], b.get("service_url_tls"))
     return {"ok": True}
 
 
-@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL)
+@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL, service_url_tls=SERVICE_URL.optional())
 async def _clusters_update(s: BrokerService, b: dict):
-    await s.resources.update_cluster(b["name"], b["service_url"])
+    await s.resources.update_cluster(b["name"], b["service_url"], b.get("service_url_tls"))
     return {"ok": True}
 
 

@@ -104,27 +104,27 @@ class Resources:
         return json.loads(res.value), res.version
 
     # ---- clusters -------------------------------------------------------
-    async def create_cluster(self, name: str, service_url: str) -> None:
+    async def create_cluster(self, name: str, service_url: str, service_url_tls: Optional[str] = None) -> None:
         """Register cluster ``name`` with its ``service_url`` (``minipulsar://host:port``)
         at ``/admin/clusters/<name>`` (Pulsar's ClusterResources.createCluster /
-        ``pulsar-admin clusters create``). Raises InvalidArgument (bad name or URL),
+        ``pulsar-admin clusters create``); ``service_url_tls``: its TLS URL
+        (``minipulsar+ssl://``, Pulsar's brokerServiceUrlTls, used by brokers whose
+        ``broker_client_tls_enabled``). Raises InvalidArgument (bad name or URL),
         AlreadyExists (registered already); a concurrent create of the same name may
         surface as the metadata store's BadVersion."""
         check_name("cluster", name)
-        if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
-            raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
+        data = _cluster_data(service_url, service_url_tls)
         if await self.store.exists(f"/admin/clusters/{name}"):
             raise AlreadyExists(f"cluster {name} already exists")
-        await self.store.put(f"/admin/clusters/{name}", json.dumps({"service_url": service_url}).encode(), -1)
+        await self.store.put(f"/admin/clusters/{name}", json.dumps(data).encode(), -1)
 
-    async def update_cluster(self, name: str, service_url: str) -> None:
-        """Replace the ``service_url`` (``minipulsar://host:port``) of an existing
-        cluster (ClusterResources.updateCluster). Raises NotFound (no such cluster),
+    async def update_cluster(self, name: str, service_url: str, service_url_tls: Optional[str] = None) -> None:
+        """Replace the ``service_url`` (``minipulsar://host:port``) and ``service_url_tls``
+        of an existing cluster (ClusterResources.updateCluster). Raises NotFound (no such cluster),
         InvalidArgument (bad name or URL)."""
         await self.get_cluster(name)
-        if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
-            raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
-        await self.store.put(f"/admin/clusters/{name}", json.dumps({"service_url": service_url}).encode())
+        data = _cluster_data(service_url, service_url_tls)
+        await self.store.put(f"/admin/clusters/{name}", json.dumps(data).encode())
 
     async def get_cluster(self, name: str) -> dict:
         """``{"name": name, "service_url": ...}`` of a registered cluster
@@ -303,3 +303,17 @@ class Resources:
         """Overwrite the topic-level policies of ``persistence_name`` (any JSON-able
         dict, stored with sorted keys; no validation, no version check)."""
         await self.store.put(f"/admin/topic-policies/{persistence_name}", json.dumps(policies, sort_keys=True).encode())
+
+
+def _cluster_data(service_url: str, service_url_tls: Optional[str]) -> dict:
+    """``{"service_url": ..., ["service_url_tls": ...]}`` of a cluster; InvalidArgument
+    unless ``service_url`` is ``minipulsar://`` or ``minipulsar+ssl://`` and
+    ``service_url_tls`` (when given) ``minipulsar+ssl://``."""
+    if not isinstance(service_url, str) or not service_url.startswith(("minipulsar://", "minipulsar+ssl://")):
+        raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
+    data = {"service_url": service_url}
+    if service_url_tls:
+        if not isinstance(service_url_tls, str) or not service_url_tls.startswith("minipulsar+ssl://"):
+            raise InvalidArgument(f"invalid TLS service URL {service_url_tls!r}: use minipulsar+ssl://host:port")
+        data["service_url_tls"] = service_url_tls
+    return data
