@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any, Optional
 
 import grpc
 
 from client.connection import map_rpc_error, parse_service_url
-from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host
+from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host, is_connection_failure, \
+    tls_connection_problem, wait_settled
 from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration, PulsarException, ServiceNotReady, \
     Timeout
 from client.lookup import DEFAULT_MAX_LOOKUP_REDIRECTS, LookupResult, LookupService
@@ -162,8 +164,15 @@ class AsyncClient:
 
     async def _unary(self, rpc, request, what: str):
         self._check_open()
+        started = time.monotonic()
         try:
-            return await rpc(request, timeout=self.operation_timeout_seconds, wait_for_ready=True)
+            if self._channel is not None and \
+                    self._channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.READY:
+                response = await self._first_try(rpc, request, what)
+                if response is not None:
+                    return response
+            remaining = max(0.001, self.operation_timeout_seconds - (time.monotonic() - started))
+            return await rpc(request, timeout=remaining, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             err = map_rpc_error(exc, what)
             if isinstance(err, Timeout) and self._channel is not None:
@@ -173,6 +182,31 @@ class AsyncClient:
                                        f"{self.operation_timeout_seconds:g}s (channel {state.name}); check the "
                                        "service URL and that the broker is running") from None
             raise err from None
+
+    async def _first_try(self, rpc, request, what: str):
+        """While the service URL's channel is not connected: once it has settled
+        (connected or failed, within ``connection_timeout_ms``), one fail-fast try of
+        ``rpc``, so that a TLS mismatch (``proto.tls_errors``: a plaintext client at
+        a TLS port, a wrong CA, ...) raises a clear, non-retriable ``ConnectError``
+        at once instead of a timeout. Returns the response, or None to go on
+        waiting for the broker (it may just be starting)."""
+        timeout = min(self.connection_timeout_ms / 1000, self.operation_timeout_seconds)
+        if not await wait_settled(self._channel, timeout) or \
+                self._channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return None
+        try:
+            return await rpc(request, timeout=max(0.001, self.operation_timeout_seconds - timeout),
+                             wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            if not is_connection_failure(exc):
+                raise
+            problem = await tls_connection_problem(self.security, self.service_url.target, exc)
+            if problem is not None and problem[1]:
+                error = ConnectError(f"{what}: {problem[0]}")
+                error.retriable = error.retriable_at_creation = False
+                error.tls_problem = True
+                raise error from None
+            return None
 
     # -- producers, consumers, readers ---------------------------------------------------
     async def create_producer(self, topic: str, producer_name: str | None = None, **options):

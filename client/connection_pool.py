@@ -28,7 +28,7 @@ from proto.service_url import ServiceUrl, parse_service_url
 from proto.tls_errors import describe_tls_failure, is_tls_handshake_failure, plaintext_at_tls_port, probe_speaks_tls
 
 __all__ = ["ConnectionPool", "ServiceNameResolver", "call_any_host", "is_connection_failure", "tls_connection_problem",
-           "connection_failure_reason", "target_of"]
+           "connection_failure_reason", "target_of", "wait_settled"]
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ async def tls_connection_problem(security: ChannelSecurity | None, target: str,
     return None
 
 
-async def _wait_settled(channel: grpc.aio.Channel, timeout: float) -> bool:
+async def wait_settled(channel: grpc.aio.Channel, timeout: float) -> bool:
     """Wait until ``channel`` is READY or TRANSIENT_FAILURE (starting a connection
     from IDLE); False when it is still connecting after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
@@ -231,7 +231,7 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
                 break
             channel = pool.channel(target)
             if channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.READY:
-                if not await _wait_settled(channel, min(remaining, connect_timeout)):
+                if not await wait_settled(channel, min(remaining, connect_timeout)):
                     reasons[target] = "connection timed out"
                     resolver.mark_failed(target)
                     continue
