@@ -16,7 +16,8 @@ from typing import Optional
 
 __all__ = ["describe_tls_failure", "is_tls_handshake_failure", "probe_speaks_tls"]
 
-_HANDSHAKE = ("tls handshake failed", "ssl handshake failed", "ssl_error_ssl", "handshake failed")
+_HANDSHAKE = ("tls handshake failed", "ssl handshake failed", "ssl_error_ssl", "handshake failed",
+              "hostname verification check failed", "custom verification check failed")
 
 
 def is_tls_handshake_failure(details: str) -> bool:
@@ -47,7 +48,8 @@ def describe_tls_failure(details: str, tls: Optional[bool], target: str = "") ->
         return (f"TLS handshake failed{at}: the server's certificate is not trusted; check "
                 f"tls_trust_certs_file_path (--tls-trust-certs-file-path): it must hold the CA that signed the "
                 f"server's certificate")
-    if "peer name" in text or "hostname" in text or "subject alternative" in text or "name mismatch" in text:
+    if "peer name" in text or "hostname verification" in text or "subject alternative" in text \
+            or "name mismatch" in text:
         return (f"TLS handshake failed{at}: the server's certificate does not name this host; connect with a "
                 f"host listed in its subject alternative names (`minipulsar tls create-cert --host HOST`)")
     if "certificate_expired" in text or "certificate has expired" in text:
