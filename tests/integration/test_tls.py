@@ -271,3 +271,35 @@ async def test_geo_pair_over_tls_replicates_exactly_once(tmp_path, certs, proces
     finally:
         for c in clients.values():
             await c.close()
+
+
+async def test_broker_cluster_over_tls(tmp_path, certs, process_tracker):
+    """Two brokers on etcd serving TLS only, talking TLS to each other
+    (``broker_client_tls_enabled``): topics spread over both, lookups answer
+    ``minipulsar+ssl://`` owners, admin calls are forwarded to the owner."""
+    from tests.cluster import BrokerCluster
+
+    config = {"tls_enabled": True, "tls_certificate_file_path": certs["cert"], "tls_key_file_path": certs["key"],
+              "broker_client_tls_enabled": True, "broker_client_trust_certs_file_path": certs["ca"]}
+    cluster = BrokerCluster(tmp_path, process_tracker, brokers=2, bookies=2, config=config).start()
+    url = "minipulsar+ssl://" + ",".join(f"127.0.0.1:{b.port}" for b in cluster.brokers)
+    tls_urls = {f"minipulsar+ssl://127.0.0.1:{b.port}" for b in cluster.brokers}
+    topics = [f"persistent://public/default/spread-{i}" for i in range(12)]
+    async with AsyncClient(url, operation_timeout_seconds=30, tls_trust_certs_file_path=certs["ca"]) as client:
+        for topic in topics:
+            producer = await client.create_producer(topic)
+            await producer.send(topic.encode())
+            await producer.close()
+        for topic in topics:
+            consumer = await client.subscribe(topic, "r", initial_position=InitialPosition.Earliest)
+            msg = await consumer.receive(timeout_millis=20_000)
+            assert msg.data() == topic.encode()
+            await consumer.close()
+    owners = {}
+    for b in cluster.brokers:  # every broker answers lookups (and forwards admin calls) over TLS
+        async with AdminClient(f"minipulsar+ssl://127.0.0.1:{b.port}", tls_trust_certs_file_path=certs["ca"]) as admin:
+            for topic in topics:
+                owner = (await admin.call("topics.lookup", topic=topic))["broker_url"]
+                assert owners.setdefault(topic, owner) == owner
+                assert (await admin.call("topics.stats", topic=topic))["msgInCounter"] == 1
+    assert set(owners.values()) == tls_urls, owners
