@@ -269,3 +269,35 @@ async def test_handshakes(pki):
     finally:
         await server.stop(None)
         await mtls.stop(None)
+
+
+# ---- `geo up --tls`: the plan --------------------------------------------------------------------------------
+
+def test_geo_tls_plan(tmp_path, monkeypatch):
+    import tomllib
+
+    import deploy.cluster as cluster
+    from deploy.geo import ensure_tls_material, resolve_topology
+    from deploy.geo_processes import plan_processes
+    from deploy.topology import load_topology
+
+    monkeypatch.setattr(cluster, "find_etcd", lambda: "/usr/bin/etcd")
+    plain = load_topology()
+    assert plain.service_url("us-east").startswith("minipulsar://") and plain.client_tls_options() == {}
+    topo = ensure_tls_material(plain, tmp_path)
+    assert resolve_topology(None, tmp_path).tls_dir == topo.tls_dir    # the data dir stays a TLS demo
+    assert topo.service_url("us-east") == "minipulsar+ssl://127.0.0.1:6600,127.0.0.1:6610"
+    assert topo.client_tls_options() == {"tls_trust_certs_file_path": str(tmp_path / "tls" / "ca.cert.pem")}
+    procs = {p.label: p for p in plan_processes(topo, tmp_path)}
+    bookie = procs["us-east/bookie-0"].command()
+    assert "--tls-enabled" in bookie and "--tls-require-trusted-client-cert-on-connect" in bookie
+    (tmp_path / "us-west").mkdir()
+    broker = procs["us-west/broker-0"]
+    broker.command()
+    config = tomllib.loads(broker.config_file.read_text())
+    assert config["tls_enabled"] and config["broker_client_tls_enabled"] and config["bookkeeper_tls_enabled"]
+    assert config["bookkeeper_tls_client_authentication"]
+    node = _cert(config["tls_certificate_file_path"])
+    assert list(node.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == \
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert procs["us-west/broker-0"].url == "minipulsar+ssl://127.0.0.1:6601"
