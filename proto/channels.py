@@ -74,7 +74,10 @@ def open_channel(target: str, options: Optional[Sequence[tuple]] = None,
                  security: Optional[ChannelSecurity] = None) -> grpc.aio.Channel:
     """A ``grpc.aio`` channel to ``target`` (``"host:port"``) with ``options``
     (gRPC channel args), secured as ``security`` says (None: plaintext, no
-    credentials). Call from the event loop that will use it."""
+    credentials; ``tls``: gRPC SSL credentials from its PEM files, the server's
+    certificate checked against ``tls_trust_certs_file_path`` and the target's
+    host or ``tls_hostname_override``). Call from the event loop that will use
+    it. Raises ``TlsConfigError`` when a TLS file is missing or not PEM."""
     options = list(options or [])
     if security is None:
         return grpc.aio.insecure_channel(target, options=options)
