@@ -178,9 +178,11 @@ class AsyncClient:
             if isinstance(err, Timeout) and self._channel is not None:
                 state = self._channel.get_state(try_to_connect=False)
                 if state != grpc.ChannelConnectivity.READY:
+                    hint = getattr(self, "_tls_hint", None)
                     raise ConnectError(f"{what}: cannot connect to the broker at {self.service_url} within "
-                                       f"{self.operation_timeout_seconds:g}s (channel {state.name}); check the "
-                                       "service URL and that the broker is running") from None
+                                       f"{self.operation_timeout_seconds:g}s (channel {state.name}); "
+                                       + (f"{hint}" if hint else "check the service URL and that the broker "
+                                                                 "is running")) from None
             raise err from None
 
     async def _first_try(self, rpc, request, what: str):
@@ -190,12 +192,13 @@ class AsyncClient:
         a TLS port, a wrong CA, ...) raises a clear, non-retriable ``ConnectError``
         at once instead of a timeout. Returns the response, or None to go on
         waiting for the broker (it may just be starting)."""
+        started = time.monotonic()
         timeout = min(self.connection_timeout_ms / 1000, self.operation_timeout_seconds)
         if not await wait_settled(self._channel, timeout) or \
                 self._channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
             return None
         try:
-            return await rpc(request, timeout=max(0.001, self.operation_timeout_seconds - timeout),
+            return await rpc(request, timeout=max(0.001, self.operation_timeout_seconds - (time.monotonic() - started)),
                              wait_for_ready=False)
         except grpc.aio.AioRpcError as exc:
             if not is_connection_failure(exc):
@@ -206,6 +209,7 @@ class AsyncClient:
                 error.retriable = error.retriable_at_creation = False
                 error.tls_problem = True
                 raise error from None
+            self._tls_hint = problem[0] if problem is not None else None
             return None
 
     # -- producers, consumers, readers ---------------------------------------------------
