@@ -5,12 +5,14 @@ kind of link (Pulsar's ``tlsEnabled``, ``brokerClientTlsEnabled`` and
 a channel opened."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from broker.config import BrokerConfig
 from proto.channels import ChannelSecurity, ServerSecurity
 
-__all__ = ["server_security", "bookie_client_security", "broker_client_security", "remote_service_url"]
+__all__ = ["server_security", "bookie_client_security", "broker_client_security", "remote_service_url",
+           "security_for_url"]
 
 
 def server_security(config: BrokerConfig) -> Optional[ServerSecurity]:
@@ -61,3 +63,31 @@ def remote_service_url(cluster_data: dict, tls: bool) -> str:
     if tls and cluster_data.get("service_url_tls"):
         return cluster_data["service_url_tls"]
     return cluster_data["service_url"]
+
+
+def security_for_url(security: Optional[ChannelSecurity], url: str,
+                     config: BrokerConfig) -> Optional[ChannelSecurity]:
+    """The security of a broker's own link to ``url`` (another broker, a remote
+    cluster): as in Pulsar's client, the URL's scheme decides TLS. A
+    ``minipulsar+ssl://`` URL gets TLS (``security``'s trust and certificate,
+    else ``broker_client_trust_certs_file_path`` / the system roots) even when
+    ``broker_client_tls_enabled`` is off; a ``minipulsar://`` URL is plaintext.
+    Everything else in ``security`` (its ``authentication``) is kept."""
+    tls = url.strip().lower().startswith("minipulsar+ssl://")
+    if security is None:
+        if not tls:
+            return None
+        return ChannelSecurity(tls=True, tls_trust_certs_file_path=config.broker_client_trust_certs_file_path or None,
+                               tls_certificate_file_path=config.broker_client_certificate_file_path or None,
+                               tls_key_file_path=config.broker_client_key_file_path or None)
+    if security.tls == tls:
+        return security
+    if not tls:
+        return dataclasses.replace(security, tls=False)
+    return dataclasses.replace(
+        security, tls=True,
+        tls_trust_certs_file_path=security.tls_trust_certs_file_path or config.broker_client_trust_certs_file_path
+        or None,
+        tls_certificate_file_path=security.tls_certificate_file_path or config.broker_client_certificate_file_path
+        or None,
+        tls_key_file_path=security.tls_key_file_path or config.broker_client_key_file_path or None)

@@ -23,7 +23,7 @@ from broker.service.broker_service import BrokerService
 from broker.service.errors import NotFound
 from broker.service.resources import Policies
 from broker.service.topic import PersistentTopic
-from broker.tls_security import remote_service_url
+from broker.tls_security import remote_service_url, security_for_url
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
 from proto.channels import ChannelSecurity, open_channel
@@ -215,6 +215,7 @@ class GeoBrokerService(BrokerService):
                 cluster_data = await self.resources.get_cluster(remote)
                 security = self.remote_cluster_security(remote, cluster_data)
                 url = remote_service_url(cluster_data, bool(security is not None and security.tls))
+                security = security_for_url(security, url, self.config)  # the URL's scheme decides TLS
             except NotFound:
                 log.warning("[%s] replication cluster %s is not registered here; skipping", topic.name, remote)
                 continue

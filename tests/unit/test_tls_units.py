@@ -301,3 +301,20 @@ def test_geo_tls_plan(tmp_path, monkeypatch):
     assert list(node.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == \
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     assert procs["us-west/broker-0"].url == "minipulsar+ssl://127.0.0.1:6601"
+
+
+def test_the_url_scheme_decides_tls_of_a_brokers_own_links():
+    from broker.tls_security import security_for_url
+
+    config = BrokerConfig(broker_client_trust_certs_file_path="ca.pem")
+    auth = object()
+    assert security_for_url(None, "minipulsar://h:1", config) is None
+    assert security_for_url(None, "minipulsar+ssl://h:1", config) == \
+        ChannelSecurity(tls=True, tls_trust_certs_file_path="ca.pem")
+    plain_with_auth = ChannelSecurity(authentication=auth)
+    upgraded = security_for_url(plain_with_auth, "minipulsar+ssl://h:1", config)
+    assert upgraded.tls and upgraded.authentication is auth and upgraded.tls_trust_certs_file_path == "ca.pem"
+    tls = ChannelSecurity(tls=True, tls_trust_certs_file_path="other.pem", authentication=auth)
+    assert security_for_url(tls, "minipulsar+ssl://h:1", config) is tls
+    downgraded = security_for_url(tls, "minipulsar://h:1", config)
+    assert not downgraded.tls and downgraded.authentication is auth
