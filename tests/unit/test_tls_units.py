@@ -4,7 +4,6 @@ credentials from files, and a local TLS handshake between a gRPC server and
 channel in this process (no minipulsar server: see tests/integration/test_tls.py)."""
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 
