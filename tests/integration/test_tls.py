@@ -303,3 +303,22 @@ async def test_broker_cluster_over_tls(tmp_path, certs, process_tracker):
                 assert owners.setdefault(topic, owner) == owner
                 assert (await admin.call("topics.stats", topic=topic))["msgInCounter"] == 1
     assert set(owners.values()) == tls_urls, owners
+
+
+async def test_broker_requiring_client_certificates(tmp_path, certs, process_tracker):
+    """``tls_require_trusted_client_cert_on_connect`` on the broker: the SDK with
+    ``tls_certificate_file_path`` / ``tls_key_file_path`` gets through; without a
+    certificate the client fails with a ConnectError naming client certificates."""
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(tls_broker_toml(certs, f'tls_trust_certs_file_path = "{certs["ca"]}"\n'
+                                          f'tls_require_trusted_client_cert_on_connect = true\n'))
+    proc = StandaloneProcess(tmp_path / "data", ["--no-journal-sync", "--broker-config", str(cfg)],
+                             process_tracker).start()
+    async with AsyncClient(tls_url(proc), tls_trust_certs_file_path=certs["ca"],
+                           tls_certificate_file_path=certs["cert"], tls_key_file_path=certs["key"]) as client:
+        assert await produce_consume(client, unique("mtls-client"), 3) == [b"m0", b"m1", b"m2"]
+    async with AsyncClient(tls_url(proc), tls_trust_certs_file_path=certs["ca"],
+                           operation_timeout_seconds=5) as client:
+        with pytest.raises(ConnectError) as info:
+            await client.create_producer(unique("no-client-cert"))
+    assert "client certificates" in info.value.message
