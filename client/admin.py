@@ -362,7 +362,8 @@ def _reason(exc: grpc.aio.AioRpcError) -> str:
 
 class SyncAdminClient:
     """Blocking wrapper of ``AdminClient`` (same methods, not awaitable; a
-    multi-host service URL as there), with its own event loop thread.  Use as a context manager or call ``close()``."""
+    multi-host service URL as there; the same TLS options), with its own event loop thread.  Use as a context
+    manager or call ``close()``."""
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connect_timeout_seconds: float = 2, *, tls_trust_certs_file_path: str | None = None,
@@ -371,7 +372,12 @@ class SyncAdminClient:
                  use_tls: bool = False):
         parse_service_url(service_url)  # fail early, in the caller's thread
         self._lt = LoopThread("minipulsar-admin")
-        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds)
+        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds,
+                                  tls_trust_certs_file_path=tls_trust_certs_file_path,
+                                  tls_certificate_file_path=tls_certificate_file_path,
+                                  tls_key_file_path=tls_key_file_path,
+                                  tls_allow_insecure_connection=tls_allow_insecure_connection,
+                                  tls_validate_hostname=tls_validate_hostname, use_tls=use_tls)
 
     def __getattr__(self, name: str):
         attr = getattr(self._admin, name)

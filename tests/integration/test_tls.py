@@ -322,3 +322,10 @@ async def test_broker_requiring_client_certificates(tmp_path, certs, process_tra
         with pytest.raises(ConnectError) as info:
             await client.create_producer(unique("no-client-cert"))
     assert "client certificates" in info.value.message
+
+
+def test_sync_admin_client_over_tls(tls_standalone, certs):
+    from client.admin import SyncAdminClient
+
+    with SyncAdminClient(tls_url(tls_standalone), tls_trust_certs_file_path=certs["ca"]) as admin:
+        assert "standalone" in admin.list_clusters()
