@@ -329,3 +329,17 @@ def test_sync_admin_client_over_tls(tls_standalone, certs):
 
     with SyncAdminClient(tls_url(tls_standalone), tls_trust_certs_file_path=certs["ca"]) as admin:
         assert "standalone" in admin.list_clusters()
+
+
+def test_sync_client_over_tls(tls_standalone, certs):
+    from client import Client
+
+    client = Client(tls_url(tls_standalone), tls_trust_certs_file_path=certs["ca"])
+    try:
+        topic = unique("sync-tls")
+        consumer = client.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
+        producer = client.create_producer(topic)
+        producer.send(b"over-tls")
+        assert consumer.receive(timeout_millis=20_000).data() == b"over-tls"
+    finally:
+        client.close()
