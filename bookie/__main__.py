@@ -29,6 +29,7 @@ from bookie.cookie import InvalidCookieError
 from bookie.registration import RegistrationError
 from bookie.server import BookieConfig, BookieServer
 from bookie.storage import DataDirInUse
+from proto.channels import TlsConfigError
 from proto.common import run_async
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--create-cookie", action="store_true", default=False,
                         help="adopt a ledger database that has no cookie (a data dir from a minipulsar "
                              "version before cookies): write a cookie for it")
+    parser.add_argument("--tls-enabled", dest="tls_enabled", action="store_true", default=None,
+                        help="serve TLS only, with --tls-certificate-file-path and --tls-key-file-path")
+    parser.add_argument("--tls-certificate-file-path", default=None, metavar="CERT.pem",
+                        help="PEM certificate of the bookie (with --tls-enabled)")
+    parser.add_argument("--tls-key-file-path", default=None, metavar="KEY.pem", help="PEM private key of it")
+    parser.add_argument("--tls-trust-certs-file-path", default=None, metavar="CA.pem",
+                        help="PEM CA bundle of the client certificates")
+    parser.add_argument("--tls-require-trusted-client-cert-on-connect", action="store_true", default=None,
+                        help="mutual TLS: refuse clients (brokers) without a certificate signed by that CA")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -84,6 +94,12 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         "max_db_size_bytes": getattr(args, "max_db_size_bytes", None),
         "metadata_store_url": getattr(args, "metadata_store_url", None),
         "advertised_address": getattr(args, "advertised_address", None),
+        "tls_enabled": getattr(args, "tls_enabled", None),
+        "tls_certificate_file_path": getattr(args, "tls_certificate_file_path", None),
+        "tls_key_file_path": getattr(args, "tls_key_file_path", None),
+        "tls_trust_certs_file_path": getattr(args, "tls_trust_certs_file_path", None),
+        "tls_require_trusted_client_cert_on_connect": getattr(args, "tls_require_trusted_client_cert_on_connect",
+                                                              None),
     }
     if args.config:
         return BookieConfig.from_toml(args.config, **overrides)
@@ -138,6 +154,14 @@ def config_problems(config: BookieConfig) -> list[str]:
             AuthenticationService.from_config(config)
         except TokenError as exc:
             problems.append(f"authentication_enabled = true: {exc}")
+    if getattr(config, "tls_enabled", False) is True and not (config.tls_certificate_file_path and
+                                                              config.tls_key_file_path):
+        problems.append("tls_enabled = true needs tls_certificate_file_path and tls_key_file_path (PEM files; "
+                        "`minipulsar tls create-cert`)")
+    if getattr(config, "tls_require_trusted_client_cert_on_connect", False) is True and \
+            not config.tls_trust_certs_file_path:
+        problems.append("tls_require_trusted_client_cert_on_connect = true needs tls_trust_certs_file_path (the CA "
+                        "of the brokers' client certificates)")
     return problems
 
 
@@ -205,6 +229,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     except RegistrationError as exc:
         print(f"bookie: {exc}", file=sys.stderr)
         return 4
+    except TlsConfigError as exc:
+        print(f"bookie: bad TLS configuration: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

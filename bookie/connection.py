@@ -19,6 +19,7 @@ from proto import bookie_pb2 as pb
 from proto import bookie_pb2_grpc
 from proto.channels import ChannelSecurity, open_channel
 from proto.common import grpc_message_size_options
+from proto.tls_errors import describe_tls_failure
 from proto.wire import encode_varint
 
 from .errors import (BKException, BookieProtocolError, BookieUnavailableError, DigestMismatchError, EntryTooLargeError,
@@ -218,7 +219,9 @@ class BookieConnection:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail_stream(call, f"bookie {self.address} unavailable: {exc}")
+            hint = describe_tls_failure(exc.details() or "", None, self.address) \
+                if isinstance(exc, grpc.aio.AioRpcError) else None
+            self._fail_stream(call, f"bookie {self.address} unavailable: {hint or exc}")
 
     def _fail_stream(self, call, reason: str) -> None:
         if self._call is not call:
@@ -345,6 +348,10 @@ class BookieConnection:
 def _map_rpc_error(exc: grpc.aio.AioRpcError, address: str) -> BKException:
     code = exc.code()
     detail = f"bookie {address}: {exc.details()}"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        hint = describe_tls_failure(exc.details() or "", None, address)
+        if hint is not None:  # a TLS misconfiguration between broker and bookie: say what to check
+            detail = f"bookie {address}: {hint} (bookkeeper_tls_* settings of the broker, tls_* of the bookie)"
     if code == grpc.StatusCode.NOT_FOUND:
         return NoSuchLedgerError(detail)
     if code == grpc.StatusCode.OUT_OF_RANGE:

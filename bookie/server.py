@@ -73,6 +73,12 @@ class BookieConfig:
         the token keys as the broker's: ``token_secret_key`` or ``token_public_key``
         (``file:///path`` or ``data:;base64,...``), ``authentication_providers``
         (empty = the token provider). BookKeeper's bookie authentication.
+    tls_enabled: serve TLS only (BookKeeper's tlsProvider), with
+        tls_certificate_file_path / tls_key_file_path (PEM; BookKeeper's
+        tlsCertificatePath / tlsKeyStore). tls_trust_certs_file_path: the CA of
+        client certificates (tlsTrustStore); with
+        tls_require_trusted_client_cert_on_connect (tlsClientAuthentication)
+        only clients presenting a certificate that CA signed (the brokers) connect.
     """
 
     port: int = 3181
@@ -92,6 +98,11 @@ class BookieConfig:
     authentication_providers: list = dataclasses.field(default_factory=list)
     token_secret_key: str = ""
     token_public_key: str = ""
+    tls_enabled: bool = False
+    tls_certificate_file_path: str = ""
+    tls_key_file_path: str = ""
+    tls_trust_certs_file_path: str = ""
+    tls_require_trusted_client_cert_on_connect: bool = False
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "BookieConfig":
@@ -454,6 +465,12 @@ class BookieServer:
         self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
         # proto.channels.ServerSecurity of the bookie's port (None: plaintext, no authentication)
         self.security: ServerSecurity | None = None
+        if config.tls_enabled:
+            self.security = ServerSecurity(
+                tls=True, tls_certificate_file_path=config.tls_certificate_file_path,
+                tls_key_file_path=config.tls_key_file_path,
+                tls_trust_certs_file_path=config.tls_trust_certs_file_path or None,
+                tls_require_trusted_client_cert_on_connect=config.tls_require_trusted_client_cert_on_connect)
 
     @property
     def address(self) -> str:

@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=None, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
     p.add_argument("--bind-address", default=None)
     p.add_argument("--advertised-address", default=None)
+    p.add_argument("--tls-enabled", action="store_true", default=None,
+                   help="serve TLS only on the gRPC and HTTP ports (minipulsar+ssl://); needs the next two")
+    p.add_argument("--tls-certificate-file-path", default=None, metavar="CERT.pem")
+    p.add_argument("--tls-key-file-path", default=None, metavar="KEY.pem")
+    p.add_argument("--tls-trust-certs-file-path", default=None, metavar="CA.pem",
+                   help="CA of the client certificates (mutual TLS)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -44,7 +50,11 @@ def config_from_args(args) -> BrokerConfig:
              "data_dir": args.data_dir, "metadata_store_url": args.metadata_store_url,
              "configuration_metadata_store_url": args.configuration_metadata_store_url,
              "broker_service_port": args.port, "web_service_port": args.http_port,
-             "bind_address": args.bind_address, "advertised_address": args.advertised_address}
+             "bind_address": args.bind_address, "advertised_address": args.advertised_address,
+             "tls_enabled": getattr(args, "tls_enabled", None),
+             "tls_certificate_file_path": getattr(args, "tls_certificate_file_path", None),
+             "tls_key_file_path": getattr(args, "tls_key_file_path", None),
+             "tls_trust_certs_file_path": getattr(args, "tls_trust_certs_file_path", None)}
     data = {**data, **{k: v for k, v in flags.items() if v is not None}}
     config, problems = BrokerConfig.parse(data, complete=True)
     if problems:

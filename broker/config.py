@@ -85,6 +85,30 @@ class BrokerConfig(ManagedLedgerSettings):
     broker_client_authentication_parameters: str = ""
     bookkeeper_client_authentication_plugin: str = ""
     bookkeeper_client_authentication_parameters: str = ""
+    # TLS (Pulsar's tlsEnabled family): tls_enabled = the gRPC port (broker_service_port) and the HTTP
+    # port serve TLS only, with this certificate and key (PEM); the broker's URL is minipulsar+ssl://.
+    # tls_trust_certs_file_path: the CA of client certificates; tls_require_trusted_client_cert_on_connect:
+    # mutual TLS (clients must present a certificate that CA signed)
+    tls_enabled: bool = False
+    tls_certificate_file_path: str = ""
+    tls_key_file_path: str = ""
+    tls_trust_certs_file_path: str = ""
+    tls_require_trusted_client_cert_on_connect: bool = False
+    # the broker's own links to other brokers and remote clusters (broker-to-broker calls, replicators):
+    # brokerClientTlsEnabled, brokerClientTrustCertsFilePath, brokerClientCertificateFilePath /
+    # brokerClientKeyFilePath (a client certificate for mutual TLS)
+    broker_client_tls_enabled: bool = False
+    broker_client_trust_certs_file_path: str = ""
+    broker_client_certificate_file_path: str = ""
+    broker_client_key_file_path: str = ""
+    # links to the bookies: bookkeeper_tls_enabled (minipulsar's: gRPC has no STARTTLS, so say it) and
+    # Pulsar's bookkeeperTLSTrustCertsFilePath, bookkeeperTLSClientAuthentication (present
+    # bookkeeperTLSCertificateFilePath / bookkeeperTLSKeyFilePath to bookies that require client certificates)
+    bookkeeper_tls_enabled: bool = False
+    bookkeeper_tls_trust_certs_file_path: str = ""
+    bookkeeper_tls_client_authentication: bool = False
+    bookkeeper_tls_certificate_file_path: str = ""
+    bookkeeper_tls_key_file_path: str = ""
     # managed ledger / bookkeeper keys: inherited from ManagedLedgerSettings
 
     def managed_ledger_config(self) -> ManagedLedgerConfig:
@@ -198,6 +222,7 @@ class BrokerConfig(ManagedLedgerSettings):
             except ValueError as exc:
                 problems.append(f"configuration_metadata_store_url = "
                                 f"{_describe(self.configuration_metadata_store_url, bare=True)}: {exc}")
+        problems.extend(_tls_problems(self))
         registered = store_kind == "etcd"  # bookies found under /ledgers/available
         if complete and not self.bookies and "bookies" not in bad and not registered:
             problems.append('bookies is empty: give the bookies as bookies = ["host:port", ...] '
@@ -295,6 +320,34 @@ _MIN_VALUES: dict[str, float] = {
     "default_number_of_namespace_bundles": 1,
     "load_balancer_report_update_min_interval_millis": 100,
 }
+
+
+def _tls_problems(config: "BrokerConfig") -> list[str]:
+    """TLS settings that cannot work: TLS on without a certificate and key, a
+    certificate without its key (or the reverse), mutual TLS without the CA of
+    the client certificates, a bookie client certificate without its key or
+    without ``bookkeeper_tls_client_authentication``. Files are read at start."""
+    problems = []
+
+    def pair(cert_key: str, key_key: str, needed: bool, why: str) -> None:
+        cert, key = getattr(config, cert_key), getattr(config, key_key)
+        if bool(cert) != bool(key):
+            problems.append(f"{cert_key} and {key_key} go together (got {cert_key} = {_describe(cert, bare=True)}, "
+                            f"{key_key} = {_describe(key, bare=True)})")
+        elif needed and not cert:
+            problems.append(f"{why} needs {cert_key} and {key_key} (PEM files; `minipulsar tls create-cert`)")
+
+    pair("tls_certificate_file_path", "tls_key_file_path", config.tls_enabled, "tls_enabled = true")
+    if config.tls_require_trusted_client_cert_on_connect and not config.tls_trust_certs_file_path:
+        problems.append("tls_require_trusted_client_cert_on_connect = true needs tls_trust_certs_file_path (the CA "
+                        "that signs the clients' certificates)")
+    pair("broker_client_certificate_file_path", "broker_client_key_file_path", False, "")
+    pair("bookkeeper_tls_certificate_file_path", "bookkeeper_tls_key_file_path",
+         config.bookkeeper_tls_client_authentication, "bookkeeper_tls_client_authentication = true")
+    if config.bookkeeper_tls_client_authentication and not config.bookkeeper_tls_enabled:
+        problems.append("bookkeeper_tls_client_authentication = true needs bookkeeper_tls_enabled = true "
+                        "(client certificates travel in the TLS handshake)")
+    return problems
 
 
 def _field_types(cls) -> dict[str, Any]:

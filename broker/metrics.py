@@ -181,12 +181,15 @@ def gc_pause_collector() -> GcPauseCollector:
         return _gc_collector
 
 
-def start_metrics_server(service, host: str, port: int) -> tuple[Optional[object], int]:
-    """Serve /metrics; returns (server, bound port). Port -1 disables it."""
+def start_metrics_server(service, host: str, port: int, certfile: Optional[str] = None,
+                         keyfile: Optional[str] = None) -> tuple[Optional[object], int]:
+    """Serve /metrics; returns (server, bound port). Port -1 disables it.
+    ``certfile`` / ``keyfile`` (PEM): serve HTTPS only (the broker's
+    ``tls_enabled``, Pulsar's webServicePortTls)."""
     if port < 0:
         return None, -1
     registry = CollectorRegistry()
     registry.register(BrokerCollector(service))
     registry.register(gc_pause_collector())
-    httpd, _thread = start_http_server(port, addr=host, registry=registry)
+    httpd, _thread = start_http_server(port, addr=host, registry=registry, certfile=certfile, keyfile=keyfile)
     return httpd, httpd.server_port

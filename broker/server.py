@@ -17,6 +17,7 @@ from proto.common import grpc_message_size_options
 from proto.frame_errors import InvalidFrameInterceptor
 from proto.metadata_url import parse_metadata_store_url
 
+from . import tls_security
 from .grpc_servicer import PulsarBrokerServicer
 from .metrics import start_metrics_server
 from .service.broker_service import BrokerService
@@ -54,9 +55,9 @@ class BrokerServer:
         self.http_port: Optional[int] = None
         # proto.channels security of the broker's port, of its links to the bookies and of its
         # own links to other brokers (None: plaintext, no credentials)
-        self.server_security: Optional[ServerSecurity] = None
-        self.bookie_client_security: Optional[ChannelSecurity] = None
-        self.broker_client_security: Optional[ChannelSecurity] = None
+        self.server_security: Optional[ServerSecurity] = tls_security.server_security(config)
+        self.bookie_client_security: Optional[ChannelSecurity] = tls_security.bookie_client_security(config)
+        self.broker_client_security: Optional[ChannelSecurity] = tls_security.broker_client_security(config)
         self.metadata = None
         # broker.security.broker_security.BrokerSecurity: authentication / authorization (set by start)
         self.security = None
@@ -68,8 +69,10 @@ class BrokerServer:
     @property
     def service_url(self) -> str:
         """``minipulsar://<advertised_address>:<port>`` (the bound gRPC port, so valid after
-        ``start``); registered as this cluster's URL (Pulsar's brokerServiceUrl)."""
-        return f"minipulsar://{self.config.advertised_address}:{self.port}"
+        ``start``); registered as this cluster's URL (Pulsar's brokerServiceUrl);
+        ``minipulsar+ssl://...`` when the port serves TLS (``tls_enabled``, Pulsar's brokerServiceUrlTls)."""
+        scheme = "minipulsar+ssl" if self.config.tls_enabled else "minipulsar"
+        return f"{scheme}://{self.config.advertised_address}:{self.port}"
 
     async def start(self) -> None:
         """Open the metadata store (``<data_dir>/metadata.db``) and the bookie client, bind the
@@ -125,7 +128,10 @@ class BrokerServer:
             ns = NamespaceService(self.service, self.metadata, c, self.service_url)
             self.service.namespace_service = ns
             await ns.start()
-        self._http, self.http_port = start_metrics_server(self.service, c.bind_address, c.web_service_port)
+        self._http, self.http_port = start_metrics_server(
+            self.service, c.bind_address, c.web_service_port,
+            certfile=c.tls_certificate_file_path if c.tls_enabled else None,
+            keyfile=c.tls_key_file_path if c.tls_enabled else None)
         log.info("broker of cluster %s serving %s (metrics on :%s)", c.cluster_name, self.service_url, self.http_port)
 
     def _build_authentication_securities(self) -> None:
@@ -174,14 +180,19 @@ class BrokerServer:
                     hosts = [h for h in url.split("://", 1)[-1].split(",") if h] if url else []
                     if mine in hosts:
                         return
-                    wanted = "minipulsar://" + ",".join(hosts + [mine])
+                    wanted = self.service_url.split("://", 1)[0] + "://" + ",".join(hosts + [mine])
                 elif url == self.service_url:
                     return
                 else:
                     wanted = self.service_url
                 data["service_url"] = wanted
                 version = got.version
-            value = json.dumps({"service_url": wanted} if version == -1 else data).encode()
+            value = {"service_url": wanted} if version == -1 else data
+            if self.config.tls_enabled:  # Pulsar's brokerServiceUrlTls: what TLS clients of other clusters use
+                value["service_url_tls"] = wanted
+            elif version != -1 and value.get("service_url_tls", "").split("://", 1)[-1] == url.split("://", 1)[-1]:
+                value.pop("service_url_tls")  # this broker's own former TLS URL: TLS is off now
+            value = json.dumps(value).encode()
             try:
                 await self.metadata.put(path, value, version)
                 return

@@ -17,10 +17,13 @@ from typing import Any
 import grpc
 
 from client.connection import create_channel, map_rpc_error, parse_service_url
-from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host, connection_failure_reason
+from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host, connection_failure_reason, \
+    tls_connection_problem
 from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration
 from client.loop_thread import LoopThread
 from client.message_id import MessageId
+from client.auth import with_client_authentication
+from client.tls import tls_channel_security
 from proto import broker_pb2 as pb
 from proto.broker_pb2_grpc import PulsarBrokerStub
 
@@ -37,10 +40,14 @@ class AdminClient:
     broker's decoded JSON answer (dict/list).  Raises the broker's error class
     (see module doc), ``ConnectError``/``Timeout`` when the broker is unreachable,
     ``AlreadyClosed`` after ``close()``.  Construct and use inside one event loop.
+    TLS: a ``minipulsar+ssl://`` URL with the client's ``tls_*`` options (``client.tls``).
     """
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
-                 connect_timeout_seconds: float = 2, authentication: Any = None):
+                 connect_timeout_seconds: float = 2, *, tls_trust_certs_file_path: str | None = None,
+                 tls_certificate_file_path: str | None = None, tls_key_file_path: str | None = None,
+                 tls_allow_insecure_connection: bool = False, tls_validate_hostname: bool | None = None,
+                 use_tls: bool = False, authentication: Any = None):
         self.service_url = parse_service_url(service_url)
         if operation_timeout_seconds <= 0:
             raise InvalidConfiguration("operation_timeout_seconds must be > 0")
@@ -55,14 +62,10 @@ class AdminClient:
         self._connected = False
         self._closed = False
         # proto.channels.ChannelSecurity of the admin's channels (None: plaintext, no credentials)
-        self.security = None
-        if authentication is not None:  # client.auth.Authentication (Pulsar's PulsarAdmin authentication)
-            from client.auth import Authentication
-            from proto.channels import ChannelSecurity
-            if not isinstance(authentication, Authentication):
-                raise InvalidConfiguration("authentication must be a client.auth.Authentication, e.g. "
-                                           "AuthenticationToken(token)")
-            self.security = ChannelSecurity(authentication=authentication)
+        self.security = with_client_authentication(
+            tls_channel_security(self.service_url, use_tls, tls_trust_certs_file_path, tls_allow_insecure_connection,
+                                 tls_validate_hostname, tls_certificate_file_path, tls_key_file_path),
+            authentication)   # Pulsar's PulsarAdmin authentication: a client.auth.Authentication
 
     async def call(self, method: str, **body: Any) -> Any:
         """Send admin verb ``method`` (e.g. ``"topics.stats"``) with JSON ``body``;
@@ -103,6 +106,12 @@ class AdminClient:
         except grpc.aio.AioRpcError as exc:
             if type(map_rpc_error(exc)) is not ConnectError:
                 raise                                          # the broker answered (e.g. ServiceNotReady)
+            tls_problem = await tls_connection_problem(self.security, self.service_url.target, exc)
+            if tls_problem is not None and tls_problem[1]:     # a TLS misconfiguration: waiting cannot help
+                error = ConnectError(f"admin {request.method}: {tls_problem[0]}")
+                error.retriable = error.retriable_at_creation = False
+                error.tls_problem = True
+                raise error from None
             wait = min(self.connect_timeout_seconds, max(0.0, deadline - loop.time()))
             try:
                 await asyncio.wait_for(self._channel.channel_ready(), wait)
@@ -150,12 +159,13 @@ class AdminClient:
         await self.close()
 
     # -- clusters -----------------------------------------------------------------
-    async def create_cluster(self, name: str, service_url: str, authentication_plugin: str | None = None,
-                             authentication_parameters: str | None = None):
-        """Register cluster ``name`` reachable at ``service_url`` (``minipulsar://host:port``);
+    async def create_cluster(self, name: str, service_url: str, service_url_tls: str | None = None,
+                             authentication_plugin: str | None = None, authentication_parameters: str | None = None):
+        """Register cluster ``name`` reachable at ``service_url`` (``minipulsar://host:port``)
+        and, over TLS, ``service_url_tls`` (``minipulsar+ssl://``, Pulsar's brokerServiceUrlTls);
         ``authentication_parameters`` (``token:<jwt>`` or ``file:///path``): the credentials
         replicators use towards it (Pulsar's ClusterData authenticationParameters)."""
-        return await self.call("clusters.create", name=name, service_url=service_url,
+        return await self.call("clusters.create", name=name, service_url=service_url, service_url_tls=service_url_tls,
                                authentication_plugin=authentication_plugin,
                                authentication_parameters=authentication_parameters)
 
@@ -167,11 +177,11 @@ class AdminClient:
         """Cluster data (``service_url``, ...).  Raises ``NotFound``."""
         return await self.call("clusters.get", name=name)
 
-    async def update_cluster(self, name: str, service_url: str, authentication_plugin: str | None = None,
-                             authentication_parameters: str | None = None):
-        """Change the service URL of cluster ``name`` (and, when given, the replicators'
-        credentials towards it: they reconnect with them)."""
-        return await self.call("clusters.update", name=name, service_url=service_url,
+    async def update_cluster(self, name: str, service_url: str, service_url_tls: str | None = None,
+                             authentication_plugin: str | None = None, authentication_parameters: str | None = None):
+        """Change the service URL of cluster ``name`` (and, when given, its TLS service URL
+        and the replicators' credentials towards it: they reconnect with them)."""
+        return await self.call("clusters.update", name=name, service_url=service_url, service_url_tls=service_url_tls,
                                authentication_plugin=authentication_plugin,
                                authentication_parameters=authentication_parameters)
 
@@ -397,13 +407,23 @@ def _reason(exc: grpc.aio.AioRpcError) -> str:
 
 class SyncAdminClient:
     """Blocking wrapper of ``AdminClient`` (same methods, not awaitable; a
-    multi-host service URL as there), with its own event loop thread.  Use as a context manager or call ``close()``."""
+    multi-host service URL as there; the same TLS options), with its own event loop thread.  Use as a context
+    manager or call ``close()``."""
 
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
-                 connect_timeout_seconds: float = 2, authentication: Any = None):
+                 connect_timeout_seconds: float = 2, *, tls_trust_certs_file_path: str | None = None,
+                 tls_certificate_file_path: str | None = None, tls_key_file_path: str | None = None,
+                 tls_allow_insecure_connection: bool = False, tls_validate_hostname: bool | None = None,
+                 use_tls: bool = False, authentication: Any = None):
         parse_service_url(service_url)  # fail early, in the caller's thread
         self._lt = LoopThread("minipulsar-admin")
-        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds, authentication)
+        self._admin = AdminClient(service_url, operation_timeout_seconds, connect_timeout_seconds,
+                                  tls_trust_certs_file_path=tls_trust_certs_file_path,
+                                  tls_certificate_file_path=tls_certificate_file_path,
+                                  tls_key_file_path=tls_key_file_path,
+                                  tls_allow_insecure_connection=tls_allow_insecure_connection,
+                                  tls_validate_hostname=tls_validate_hostname, use_tls=use_tls,
+                                  authentication=authentication)
 
     def __getattr__(self, name: str):
         attr = getattr(self._admin, name)

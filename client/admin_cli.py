@@ -40,7 +40,8 @@ import sys
 import time
 from typing import Any
 
-from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, default_service_url, error_line, run_main
+from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, add_tls_arguments, default_service_url, \
+    error_line, run_main, tls_kwargs
 
 __all__ = ["main", "build_parser", "render", "parse_reset_time", "split_list", "service_urls"]
 
@@ -212,7 +213,8 @@ def _cluster_auth_params(args) -> str | None:
 
 
 async def _clusters_create(a, args):
-    await a.create_cluster(args.name, args.url, getattr(args, "auth_plugin", None), _cluster_auth_params(args))
+    await a.create_cluster(args.name, args.url, args.url_secure, getattr(args, "auth_plugin", None),
+                           _cluster_auth_params(args))
     return {"ok": True, "cluster": args.name, "service_url": args.url}, f"cluster {args.name} created ({args.url})"
 
 
@@ -225,7 +227,8 @@ async def _clusters_get(a, args):
 
 
 async def _clusters_update(a, args):
-    await a.update_cluster(args.name, args.url, getattr(args, "auth_plugin", None), _cluster_auth_params(args))
+    await a.update_cluster(args.name, args.url, args.url_secure, getattr(args, "auth_plugin", None),
+                           _cluster_auth_params(args))
     return {"ok": True, "cluster": args.name, "service_url": args.url}, f"cluster {args.name} updated ({args.url})"
 
 
@@ -468,7 +471,7 @@ async def _topics_permissions(a, args):
 def _explain(exc: BaseException, url: str, timeout: float) -> str:
     """The error line; an unreachable broker gets a hint instead of a bare gRPC status."""
     from client.errors import ConnectError, Timeout
-    if getattr(exc, "unreachable", None):      # nothing accepted the connection: error_line says so
+    if getattr(exc, "unreachable", None) or getattr(exc, "tls_problem", False):  # error_line says it all
         return error_line(exc)
     if isinstance(exc, (ConnectError, Timeout)):
         return (f"no answer from the broker at {url} within {timeout:g} s ({error_line(exc)}); check "
@@ -488,8 +491,8 @@ async def _run(args) -> int:
             from client.auth import authentication_from_params
             authentication = authentication_from_params(getattr(args, "auth_plugin_global", None),
                                                         getattr(args, "auth_params", None))
-            async with AdminClient(url, operation_timeout_seconds=args.timeout,
-                                   authentication=authentication) as admin:
+            async with AdminClient(url, operation_timeout_seconds=args.timeout, authentication=authentication,
+                                   **tls_kwargs(args)) as admin:
                 answer, text = await args.func(admin, args)
         except Exception as exc:  # noqa: BLE001 - one line per failed cluster, go on with the others
             from client.errors import PulsarException
@@ -526,6 +529,7 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
                                        f"{DEFAULT_SERVICE_URL}); repeat it or give a comma-separated list to "
                                        f"apply the same call to several clusters")
     p.add_argument("--json", action="store_true", default=default(False), help="print the answer as JSON")
+    add_tls_arguments(p, suppress)
     p.add_argument("--timeout", type=float, default=default(30.0), metavar="SECONDS",
                    help="per-call timeout (default 30)")
     p.add_argument("--auth-plugin", dest="auth_plugin_global", default=default(None), metavar="PLUGIN",
@@ -571,12 +575,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("name", metavar="NAME")
     v.add_argument("--url", "--broker-url", dest="url", required=True, metavar="minipulsar://HOST:PORT")
     _cluster_auth_options(v)
+    v.add_argument("--broker-url-secure", "--url-secure", dest="url_secure", default=None,
+                   metavar="minipulsar+ssl://HOST:PORT",
+                   help="the cluster's TLS URL (Pulsar's brokerServiceUrlTls), used by replicators of brokers "
+                        "with broker_client_tls_enabled")
     verb(g, "list", _clusters_list, "list the clusters")
     verb(g, "get", _clusters_get, "show a cluster").add_argument("name", metavar="NAME")
     v = verb(g, "update", _clusters_update, "change a cluster's service URL (and the replicators' credentials)")
     v.add_argument("name", metavar="NAME")
     v.add_argument("--url", "--broker-url", dest="url", required=True, metavar="minipulsar://HOST:PORT")
     _cluster_auth_options(v)
+    v.add_argument("--broker-url-secure", "--url-secure", dest="url_secure", default=None,
+                   metavar="minipulsar+ssl://HOST:PORT", help="the cluster's TLS URL (brokerServiceUrlTls)")
     verb(g, "delete", _clusters_delete, "remove a cluster").add_argument("name", metavar="NAME")
 
     # tenants

@@ -33,6 +33,7 @@ from typing import Callable, TextIO
 from proto.common import run_async
 
 __all__ = ["main", "build_parser", "default_service_url", "run_main", "Progress", "DEFAULT_SERVICE_URL",
+           "add_tls_arguments", "tls_kwargs",
            "SERVICE_URL_ENV", "format_message", "parse_properties"]
 
 DEFAULT_SERVICE_URL = "minipulsar://127.0.0.1:6600"
@@ -48,6 +49,34 @@ def default_service_url() -> str:
     return os.environ.get(SERVICE_URL_ENV) or DEFAULT_SERVICE_URL
 
 
+def add_tls_arguments(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """The TLS flags shared by minipulsar-client, -admin and -perf (Pulsar's
+    client.conf keys tlsTrustCertsFilePath, tlsCertificateFilePath, tlsKeyFilePath,
+    tlsAllowInsecureConnection; pulsar-admin's --tls-trust-cert-path and
+    pulsar-perf's --trust-cert-file as aliases). ``suppress``: for a subcommand's
+    copy of options also accepted before it (does not reset their values)."""
+    def default(value):
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--tls-trust-certs-file-path", "--tls-trust-cert-path", "--trust-cert-file",
+                        dest="tls_trust_certs_file_path", default=default(None), metavar="CA.pem",
+                        help="PEM CA bundle trusted for a minipulsar+ssl:// service URL (default: the system roots)")
+    parser.add_argument("--tls-certificate-file-path", "--tls-cert-file", dest="tls_certificate_file_path",
+                        default=default(None), metavar="CERT.pem", help="client certificate (mutual TLS)")
+    parser.add_argument("--tls-key-file-path", "--tls-key-file", dest="tls_key_file_path", default=default(None),
+                        metavar="KEY.pem", help="private key of --tls-certificate-file-path")
+    parser.add_argument("--tls-allow-insecure-connection", "--tls-allow-insecure",
+                        dest="tls_allow_insecure_connection", action="store_true", default=default(False),
+                        help="accepted for Pulsar compatibility; gRPC always verifies the broker's certificate")
+
+
+def tls_kwargs(args: argparse.Namespace) -> dict:
+    """The ``Client`` / ``AdminClient`` TLS keyword arguments of parsed ``args`` (see ``add_tls_arguments``)."""
+    return {key: getattr(args, key, None) for key in ("tls_trust_certs_file_path", "tls_certificate_file_path",
+                                                       "tls_key_file_path")} | \
+        {"tls_allow_insecure_connection": bool(getattr(args, "tls_allow_insecure_connection", False))}
+
+
 class CliError(Exception):
     """An error to print as ``error: <message>`` with exit status 1."""
 
@@ -57,7 +86,7 @@ def error_line(exc: BaseException) -> str:
     (which says what to do), else ``Type: message``."""
     from client.errors import PulsarException
     unreachable = getattr(exc, "unreachable", None)
-    if unreachable:                                   # client.connection.check_reachable, client.admin
+    if unreachable and not getattr(exc, "tls_problem", False):  # client.connection.check_reachable, client.admin
         return (f"no answer from the broker at {unreachable[0]} ({unreachable[1]}): is it running? start it "
                 f"(e.g. minipulsar standalone) or give the right --service-url (or ${SERVICE_URL_ENV})")
     if isinstance(exc, PulsarException):
@@ -238,7 +267,7 @@ async def produce(args) -> int:
 
     progress = Progress(render, enabled=not args.no_progress)
     await check_reachable(args.service_url)
-    async with AsyncClient(args.service_url, authentication=cli_authentication(args)) as client:
+    async with AsyncClient(args.service_url, authentication=cli_authentication(args), **tls_kwargs(args)) as client:
         producer = await client.create_producer(
             args.topic, batching_enabled=not args.disable_batching, max_pending_messages=max_outstanding,
             block_if_queue_full=True, batching_max_publish_delay_ms=1)
@@ -301,7 +330,7 @@ async def consume(args) -> int:
     progress = Progress(render, enabled=not args.no_progress)
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
     await check_reachable(args.service_url)
-    async with AsyncClient(args.service_url, authentication=cli_authentication(args)) as client:
+    async with AsyncClient(args.service_url, authentication=cli_authentication(args), **tls_kwargs(args)) as client:
         consumer = await client.subscribe(args.topic, args.subscription_name, consumer_type=sub_type,
                                           initial_position=position)
         t0 = progress.start = time.monotonic()
@@ -376,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         common.add_argument("--no-progress", action="store_true",
                             default=argparse.SUPPRESS if suppress else False, help="no progress line on stderr")
         add_auth_options(common, suppress)
+        add_tls_arguments(common, suppress)
         return common
 
     common = common_options(suppress=True)

@@ -14,17 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any, Optional
 
 import grpc
 
 from client.connection import map_rpc_error, parse_service_url
-from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host
+from client.connection_pool import ConnectionPool, ServiceNameResolver, call_any_host, is_connection_failure, \
+    tls_connection_problem, wait_settled
 from client.errors import AlreadyClosed, ConnectError, InvalidConfiguration, PulsarException, ServiceNotReady, \
     Timeout
 from client.lookup import DEFAULT_MAX_LOOKUP_REDIRECTS, LookupResult, LookupService
 from client.message_id import MessageId
 from client.producer_config import ProducerConfig
+from client.auth import with_client_authentication
+from client.tls import TLS_OPTION_NAMES, tls_channel_security
 from client.topic_name import TopicName
 from proto import broker_pb2 as pb
 from proto.broker_pb2_grpc import PulsarBrokerStub
@@ -45,7 +49,12 @@ class AsyncClient:
     the channels' reconnect backoff and the time a host of a multi-host URL
     gets to accept a connection (ms); ``keep_alive_interval_seconds``: HTTP/2
     keepalive pings while streams are open; ``max_lookup_redirects``: REDIRECT
-    answers one lookup follows at most (Pulsar's maxLookupRedirects, 20);
+    answers one lookup follows at most (Pulsar's maxLookupRedirects, 20).
+    TLS (``client.tls``): a ``minipulsar+ssl://`` URL (or ``use_tls=True``)
+    with ``tls_trust_certs_file_path`` (PEM CA bundle; default the system
+    roots), optionally ``tls_certificate_file_path`` / ``tls_key_file_path``
+    (client certificate); ``tls_allow_insecure_connection`` /
+    ``tls_validate_hostname`` are accepted, gRPC always verifies both;
     ``authentication``: a ``client.auth.Authentication`` such as
     ``AuthenticationToken(token or callable)`` (Pulsar's ``authentication``), its
     metadata sent on every call and stream.
@@ -63,9 +72,9 @@ class AsyncClient:
                  connection_timeout_ms: int = 10000, keep_alive_interval_seconds: float = 30,
                  max_lookup_redirects: int = DEFAULT_MAX_LOOKUP_REDIRECTS, authentication: Any = None,
                  **unsupported: Any):
+        tls_options = {key: unsupported.pop(key) for key in TLS_OPTION_NAMES if key in unsupported}
         for key in ("io_threads", "message_listener_threads", "concurrent_lookup_requests",
-                    "log_conf_file_path", "use_tls", "tls_trust_certs_file_path", "tls_allow_insecure_connection",
-                    "tls_validate_hostname", "logger", "listener_name", "stats_interval_in_seconds"):
+                    "log_conf_file_path", "logger", "listener_name", "stats_interval_in_seconds"):
             if unsupported.pop(key, None) not in (None, False):
                 log.warning("client option %s is not supported by minipulsar and is ignored", key)
         if unsupported:
@@ -77,14 +86,8 @@ class AsyncClient:
         self.connection_timeout_ms = int(connection_timeout_ms)
         self.keep_alive_interval_seconds = keep_alive_interval_seconds
         # proto.channels.ChannelSecurity of every channel of this client (None: plaintext, no credentials)
-        self.security = None
-        if authentication is not None:  # client.auth.Authentication: its metadata on every call
-            from client.auth import Authentication
-            from proto.channels import ChannelSecurity
-            if not isinstance(authentication, Authentication):
-                raise InvalidConfiguration("authentication must be a client.auth.Authentication, e.g. "
-                                           "AuthenticationToken(token)")
-            self.security = ChannelSecurity(authentication=authentication)
+        self.security = with_client_authentication(tls_channel_security(self.service_url, **tls_options),
+                                                   authentication)
         self._resolver = ServiceNameResolver(self.service_url)
         self._lookups = LookupService(self._ask_lookup, self.operation_timeout_seconds, max_lookup_redirects)
         self._pool: ConnectionPool | None = None
@@ -167,17 +170,53 @@ class AsyncClient:
 
     async def _unary(self, rpc, request, what: str):
         self._check_open()
+        started = time.monotonic()
         try:
-            return await rpc(request, timeout=self.operation_timeout_seconds, wait_for_ready=True)
+            if self._channel is not None and \
+                    self._channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.READY:
+                response = await self._first_try(rpc, request, what)
+                if response is not None:
+                    return response
+            remaining = max(0.001, self.operation_timeout_seconds - (time.monotonic() - started))
+            return await rpc(request, timeout=remaining, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             err = map_rpc_error(exc, what)
             if isinstance(err, Timeout) and self._channel is not None:
                 state = self._channel.get_state(try_to_connect=False)
                 if state != grpc.ChannelConnectivity.READY:
+                    hint = getattr(self, "_tls_hint", None)
                     raise ConnectError(f"{what}: cannot connect to the broker at {self.service_url} within "
-                                       f"{self.operation_timeout_seconds:g}s (channel {state.name}); check the "
-                                       "service URL and that the broker is running") from None
+                                       f"{self.operation_timeout_seconds:g}s (channel {state.name}); "
+                                       + (f"{hint}" if hint else "check the service URL and that the broker "
+                                                                 "is running")) from None
             raise err from None
+
+    async def _first_try(self, rpc, request, what: str):
+        """While the service URL's channel is not connected: once it has settled
+        (connected or failed, within ``connection_timeout_ms``), one fail-fast try of
+        ``rpc``, so that a TLS mismatch (``proto.tls_errors``: a plaintext client at
+        a TLS port, a wrong CA, ...) raises a clear, non-retriable ``ConnectError``
+        at once instead of a timeout. Returns the response, or None to go on
+        waiting for the broker (it may just be starting)."""
+        started = time.monotonic()
+        timeout = min(self.connection_timeout_ms / 1000, self.operation_timeout_seconds)
+        if not await wait_settled(self._channel, timeout) or \
+                self._channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return None
+        try:
+            return await rpc(request, timeout=max(0.001, self.operation_timeout_seconds - (time.monotonic() - started)),
+                             wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            if not is_connection_failure(exc):
+                raise
+            problem = await tls_connection_problem(self.security, self.service_url.target, exc)
+            if problem is not None and problem[1]:
+                error = ConnectError(f"{what}: {problem[0]}")
+                error.retriable = error.retriable_at_creation = False
+                error.tls_problem = True
+                raise error from None
+            self._tls_hint = problem[0] if problem is not None else None
+            return None
 
     # -- producers, consumers, readers ---------------------------------------------------
     async def create_producer(self, topic: str, producer_name: str | None = None, **options):

@@ -20,6 +20,7 @@ from client.errors import ConnectError, PulsarException, Timeout, error_from_sta
 from proto.channels import ChannelSecurity, open_channel
 from proto.common import GRPC_MAX_MESSAGE_BYTES, grpc_message_size_options
 from proto.service_url import DEFAULT_PORT, SCHEME, ServiceUrl, parse_service_url
+from proto.tls_errors import describe_tls_failure
 
 __all__ = ["ServiceUrl", "parse_service_url", "create_channel", "channel_options", "check_reachable", "Backoff",
            "map_rpc_error", "is_retriable", "MAX_GRPC_MESSAGE_BYTES", "SCHEME", "DEFAULT_PORT"]
@@ -165,7 +166,8 @@ def map_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, what: str = "") -
     (``errors.error_from_status`` of its code and details ``"ClassName: message"``).
 
     A transport-level UNAVAILABLE (no class name in the details) becomes
-    ``ConnectError``, a deadline ``Timeout``; ``what`` (e.g. ``"create producer
+    ``ConnectError`` (a failed TLS handshake: a message saying what to check,
+    ``proto.tls_errors``), a deadline ``Timeout``; ``what`` (e.g. ``"create producer
     on persistent://..."``) is prefixed to messages that carry no class.
     Never raises.
     """
@@ -179,7 +181,9 @@ def map_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, what: str = "") -
     if type(exc).__name__ != head and details != type(exc).__name__:  # no class name from the server
         prefix = f"{what}: " if what else ""
         code_name = getattr(code, "name", str(code))
-        if code_name == "UNAVAILABLE":
+        if code_name == "UNAVAILABLE" and describe_tls_failure(details, None) is not None:
+            exc = ConnectError(prefix + describe_tls_failure(details, None))
+        elif code_name == "UNAVAILABLE":
             exc = ConnectError(f"{prefix}broker unavailable ({details or 'connection failed'})")
         elif code_name == "DEADLINE_EXCEEDED":
             exc = Timeout(f"{prefix}deadline exceeded ({details or 'no answer in time'})")

@@ -25,9 +25,10 @@ from client.errors import ConnectError
 from proto.broker_pb2_grpc import PulsarBrokerStub
 from proto.channels import ChannelSecurity, open_channel
 from proto.service_url import ServiceUrl, parse_service_url
+from proto.tls_errors import describe_tls_failure, is_tls_handshake_failure, plaintext_at_tls_port, probe_speaks_tls
 
-__all__ = ["ConnectionPool", "ServiceNameResolver", "call_any_host", "is_connection_failure",
-           "connection_failure_reason", "target_of"]
+__all__ = ["ConnectionPool", "ServiceNameResolver", "call_any_host", "is_connection_failure", "tls_connection_problem",
+           "connection_failure_reason", "target_of", "wait_settled"]
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,29 @@ def connection_failure_reason(exc: grpc.aio.AioRpcError) -> str:
     return (exc.details() or "unavailable").splitlines()[0][:120]
 
 
-async def _wait_settled(channel: grpc.aio.Channel, timeout: float) -> bool:
+async def tls_connection_problem(security: ChannelSecurity | None, target: str,
+                                 exc: grpc.aio.AioRpcError) -> tuple[str, bool] | None:
+    """``(message, definite)`` when connection failure ``exc`` on a channel to
+    ``target`` secured by ``security`` is a TLS problem (``proto.tls_errors``): a failed
+    handshake of a TLS client (definite), a plaintext client at a TLS port
+    (``Socket closed``, confirmed by a TLS probe of the port: definite), a TLS
+    client whose handshake the server closed (mutual TLS without a client
+    certificate; not definite, a restarting server looks the same). None otherwise."""
+    details = exc.details() or ""
+    tls = bool(security is not None and security.tls)
+    if is_tls_handshake_failure(details):
+        return describe_tls_failure(details, tls, target), True
+    if "socket closed" not in details.lower():
+        return None
+    if tls:
+        return describe_tls_failure(details, tls, target), False
+    host, _, port = target.rpartition(":")
+    if port.isdigit() and await probe_speaks_tls(host, int(port)):
+        return plaintext_at_tls_port(target), True
+    return None
+
+
+async def wait_settled(channel: grpc.aio.Channel, timeout: float) -> bool:
     """Wait until ``channel`` is READY or TRANSIENT_FAILURE (starting a connection
     from IDLE); False when it is still connecting after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
@@ -208,7 +231,7 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
                 break
             channel = pool.channel(target)
             if channel.get_state(try_to_connect=False) != grpc.ChannelConnectivity.READY:
-                if not await _wait_settled(channel, min(remaining, connect_timeout)):
+                if not await wait_settled(channel, min(remaining, connect_timeout)):
                     reasons[target] = "connection timed out"
                     resolver.mark_failed(target)
                     continue
@@ -228,6 +251,14 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
                         raise
                     raise map_rpc_error(exc, what) from None
                 reasons[target] = connection_failure_reason(exc)
+                tls_problem = await tls_connection_problem(pool.security, target, exc)
+                if tls_problem is not None:
+                    reasons[target] = tls_problem[0]
+                    if tls_problem[1]:  # a definite TLS misconfiguration: retrying cannot help
+                        error = ConnectError(f"{what}: {tls_problem[0]}" if what else tls_problem[0])
+                        error.retriable = error.retriable_at_creation = False
+                        error.tls_problem = True  # the CLIs print its message as is
+                        raise error
                 log.debug("%s: %s unreachable (%s); trying the next host", what, target, reasons[target])
                 resolver.mark_failed(target)
                 continue

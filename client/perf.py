@@ -46,8 +46,8 @@ import sys
 import time
 from typing import Any
 
-from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, default_service_url, install_stop_handlers, \
-    run_main
+from client.cli import DEFAULT_SERVICE_URL, SERVICE_URL_ENV, CliError, add_tls_arguments, default_service_url, \
+    install_stop_handlers, run_main, tls_kwargs
 from client.perf_stats import Meter, TokenBucket, format_interval, format_summary, make_stamper, read_stamp
 
 __all__ = ["main", "build_parser", "PerfProducers", "PerfConsumers"]
@@ -346,7 +346,7 @@ async def _with_client(args, body):
     from client.client import AsyncClient
     from client.cli import cli_authentication
     async with AsyncClient(args.service_url, operation_timeout_seconds=args.operation_timeout,
-                           authentication=cli_authentication(args)) as client:
+                           authentication=cli_authentication(args), **tls_kwargs(args)) as client:
         return await body(client)
 
 
@@ -466,6 +466,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help=f"broker service URL (default ${SERVICE_URL_ENV} or {DEFAULT_SERVICE_URL})")
     from client.cli import add_auth_options
     add_auth_options(p)
+    add_tls_arguments(p)
     p.add_argument("-i", "--stats-interval", dest="interval", type=float, default=10.0, metavar="SECONDS",
                    help="seconds between stats lines (default 10)")
     p.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS",

@@ -67,6 +67,15 @@ def _add_tokens(subparsers) -> None:
     p.set_defaults(func=run_from_args)
 
 
+def _add_tls(subparsers) -> None:
+    from deploy.tls_cli import add_arguments, run_from_args
+
+    p = subparsers.add_parser("tls", help="a local CA and certificates for TLS: create-ca, create-cert",
+                              description="Create a local certificate authority and certificates signed by it")
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
 # name -> function adding that subcommand's parser
 SUBCOMMANDS: dict[str, Callable] = {
     "bookie": _add_bookie,
@@ -75,6 +84,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "geo": _add_geo,
     "cluster": _add_cluster,
     "tokens": _add_tokens,
+    "tls": _add_tls,
 }
 
 

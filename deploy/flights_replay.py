@@ -209,7 +209,7 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, Failovers, DemoReport
 
         for name in self.topo.names:
             url = self.topo.service_url(name)
-            self.admins[name] = AdminClient(url, operation_timeout_seconds=20)
+            self.admins[name] = AdminClient(url, operation_timeout_seconds=20, **self.topo.client_tls_options())
             try:
                 await asyncio.wait_for(self.admins[name].health(), 8)
             except Exception as exc:   # noqa: BLE001
@@ -220,7 +220,7 @@ class Demo(BoardConsumers, ReplayProducers, ClusterChecks, Failovers, DemoReport
                 raise DemoError(f"{self.spec.topic} is not a partitioned topic in {name}; run "
                                 f"`minipulsar geo up` (it creates it) with this topology")
             self.partitions = parts
-            self.clients[name] = AsyncClient(url, operation_timeout_seconds=30)
+            self.clients[name] = AsyncClient(url, operation_timeout_seconds=30, **self.topo.client_tls_options())
 
     async def _reset_boards(self) -> None:
         """Delete the boards' subscriptions left by an earlier run, everywhere."""

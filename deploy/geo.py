@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import shutil
 import signal
@@ -45,6 +46,7 @@ __all__ = ["resolve_topology", "add_arguments", "main"]
 
 DEFAULT_DATA_DIR = "data/geo"
 SAVED_TOPOLOGY = "topology.toml"
+TLS_DIR = "tls"  # `geo up --tls`: the demo's CA and certificate
 
 
 def _say(msg: str) -> None:
@@ -83,7 +85,25 @@ def resolve_topology(topology_arg: str | None, data_dir: Path, for_up: bool = Fa
         text = Path(topo.source).read_text()
         if not saved.exists() or saved.read_text() != text:
             saved.write_text(text)
+    if (data_dir / TLS_DIR / "ca.cert.pem").exists():  # `geo up --tls` made this data dir a TLS demo
+        topo = dataclasses.replace(topo, tls_dir=str((data_dir / TLS_DIR).resolve()))
     return topo
+
+
+def ensure_tls_material(topo: Topology, data_dir: Path) -> Topology:
+    """``geo up --tls``: the demo's CA and the node certificate (for ``topo.host`` and
+    localhost; serverAuth + clientAuth: brokers and bookies serve it, brokers present it to
+    the mutual-TLS bookies) in ``<data_dir>/tls``, created once. Returns ``topo`` with
+    ``tls_dir`` set."""
+    from deploy.tls_certs import create_ca, create_cert
+
+    tls_dir = data_dir / TLS_DIR
+    if not (tls_dir / "ca.cert.pem").exists():
+        create_ca(str(tls_dir), "minipulsar geo demo CA")
+    if not (tls_dir / "node.cert.pem").exists():
+        hosts = list(dict.fromkeys([topo.host.strip("[]"), "127.0.0.1", "localhost"]))
+        create_cert(str(tls_dir), "node", hosts, server=True, client=True)
+    return dataclasses.replace(topo, tls_dir=str(tls_dir.resolve()))
 
 
 # ---- commands ----------------------------------------------------------------------
@@ -105,6 +125,13 @@ def cmd_up(args) -> int:
     t0 = time.monotonic()
     data = Path(args.data_dir).resolve()
     topo = resolve_topology(args.topology, data, for_up=False)
+    if getattr(args, "tls", False) and not topo.tls_dir:
+        running = [p.label for p in plan_processes(topo, data) if p.running_pid() is not None]
+        if running:
+            raise GeoError(f"--tls: {len(running)} process(es) of this demo already run without TLS; stop them "
+                           f"first: minipulsar geo down --data-dir {args.data_dir}")
+        topo = ensure_tls_material(topo, data)
+        _say(f"geo up: TLS on every link (CA and certificate in {topo.tls_dir})")
     procs = plan_processes(topo, data)
     to_start = [p for p in procs if p.running_pid() is None]
     busy = busy_ports(_wanted_ports(topo, to_start), topo.host)
@@ -165,6 +192,9 @@ def cmd_up(args) -> int:
               f"and partitioned topics, shared by {', '.join(topo.names)})")
     ns = ", ".join(f"{n.name} -> {'+'.join(n.clusters)}" for n in topo.namespaces)
     print(f"namespaces: {ns}")
+    if topo.tls_dir:
+        print(f"TLS: every link (clients, brokers, replicators, bookies with mutual TLS, metrics over HTTPS); "
+              f"clients trust {topo.tls_ca_file} (e.g. --tls-trust-certs-file-path {topo.tls_ca_file})")
     print(f"geo up: ready in {elapsed:.1f}s ({len(to_start)} started, {len(procs) - len(to_start)} already running); "
           f"data and logs in {data}")
     print(f"next: minipulsar geo demo --data-dir {args.data_dir}   |   minipulsar geo status --data-dir {args.data_dir}"
@@ -320,7 +350,7 @@ async def _gather_status(topo: Topology) -> dict:
     out = {"health": {}, "brokers": {}, "topics": {}, "replication": {}}
     for c in topo.clusters:
         for i in range(len(c.brokers)):
-            admin = AdminClient(topo.broker_url(c.name, i), operation_timeout_seconds=3)
+            admin = AdminClient(topo.broker_url(c.name, i), operation_timeout_seconds=3, **topo.client_tls_options())
             try:
                 out["health"][(c.name, i)] = await asyncio.wait_for(admin.health(), 4)
             except Exception as exc:   # noqa: BLE001 - shown to the user as is
@@ -328,7 +358,7 @@ async def _gather_status(topo: Topology) -> dict:
             finally:
                 await admin.close()
     for name in topo.names:
-        admin = AdminClient(topo.service_url(name), operation_timeout_seconds=5)
+        admin = AdminClient(topo.service_url(name), operation_timeout_seconds=5, **topo.client_tls_options())
         try:
             try:
                 out["brokers"][name] = await asyncio.wait_for(admin.list_brokers(), 6)
@@ -474,6 +504,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common(up)
     up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S,
                     help=f"seconds each group of processes may take to get ready (default {READY_TIMEOUT_S:g})")
+    up.add_argument("--tls", action="store_true", default=False,
+                    help="run every link over TLS (a local CA and certificate in <data-dir>/tls; bookies with "
+                         "mutual TLS); the data dir stays a TLS demo until purged")
     up.set_defaults(geo_func=cmd_up)
     st = sub.add_parser("status", help="health of every process, brokers with their bundles and load, topics, "
                                        "replication backlog and lag")

@@ -103,7 +103,7 @@ class GeoProcess:
     def url(self) -> str:
         """How clients reach it: ``etcd://h:p``, ``h:p`` (bookie), ``minipulsar://h:p`` (broker)."""
         address = f"{self.topology.host}:{self.port}"
-        return {"etcd": f"etcd://{address}", "broker": f"minipulsar://{address}"}.get(self.kind, address)
+        return {"etcd": f"etcd://{address}", "broker": f"{self.topology.scheme}://{address}"}.get(self.kind, address)
 
     def command(self) -> list[str]:
         """The argv that runs this process (a broker: writes its config file first)."""
@@ -122,7 +122,7 @@ class GeoProcess:
                    "--log-level", "INFO"]
             if not topo.journal_sync:
                 cmd.append("--no-journal-sync")
-            return cmd
+            return cmd + topo.bookie_tls_args()
         config = topo.broker_config(self.cluster, self.index, str(self.dir))
         self.config_file.write_text(_toml(dataclasses.asdict(config)))
         return [sys.executable, "-m", "broker", "--config", str(self.config_file), "--log-level", "INFO"]

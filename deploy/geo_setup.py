@@ -39,7 +39,7 @@ async def wait_for_brokers(topology: Topology, timeout_s: float = 60.0, log: Cal
     next_progress = t0 + progress_every_s
     while pending:
         for key, url in sorted(pending.items()):
-            admin = AdminClient(url, operation_timeout_seconds=5)
+            admin = AdminClient(url, operation_timeout_seconds=5, **topology.client_tls_options())
             try:
                 health = await asyncio.wait_for(admin.health(), 5)
                 if health.get("ok"):
@@ -67,13 +67,14 @@ async def register_clusters(topology: Topology, admin: AdminClient, clusters: li
     done: list[str] = []
     for other in clusters:
         url = topology.service_url(other)
+        url_tls = url if topology.tls_dir else None  # Pulsar's brokerServiceUrlTls, for the replicators
         try:
-            await admin.create_cluster(other, url)
+            await admin.create_cluster(other, url, url_tls)
             done.append(f"cluster {other} -> {url}")
         except AlreadyExists:
             current = await admin.get_cluster(other)
-            if current.get("service_url") != url:
-                await admin.update_cluster(other, url)
+            if current.get("service_url") != url or current.get("service_url_tls") != url_tls:
+                await admin.update_cluster(other, url, url_tls)
                 done.append(f"cluster {other} -> {url}")
     return done
 
@@ -127,7 +128,8 @@ async def setup_topology(topology: Topology, timeout_s: float = 60.0,
     targets = topology.names[:1] if shared else topology.names
     changes = {}
     for name in targets:
-        admin = AdminClient(topology.service_url(name), operation_timeout_seconds=15)
+        admin = AdminClient(topology.service_url(name), operation_timeout_seconds=15,
+                            **topology.client_tls_options())
         try:
             key = f"configuration store (through {name})" if shared else name
             changes[key] = await configure_cluster(topology, name, admin, shared)

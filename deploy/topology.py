@@ -229,6 +229,9 @@ class Topology:
     broker_settings: tuple[tuple[str, Any], ...] = ()
     configuration_store: EtcdSpec | None = None
     source: str = "<string>"
+    # `geo up --tls`: the directory of the demo's CA and certificate (deploy.tls_certs), "" = plaintext.
+    # Not a file key: set from the data dir (deploy.geo.resolve_topology).
+    tls_dir: str = ""
 
     # ---- lookups -------------------------------------------------------------
     def cluster(self, name: str) -> ClusterSpec:
@@ -280,15 +283,60 @@ class Topology:
         return dataclasses.replace(self, clusters=tuple(clusters))
 
     # ---- addresses -----------------------------------------------------------------
+    # ---- TLS (`geo up --tls`) --------------------------------------------------------
+    @property
+    def scheme(self) -> str:
+        """``minipulsar+ssl`` when the demo runs over TLS (``tls_dir``), else ``minipulsar``."""
+        return "minipulsar+ssl" if self.tls_dir else "minipulsar"
+
+    @property
+    def tls_ca_file(self) -> str:
+        """The demo CA's certificate (PEM), "" without TLS."""
+        return os.path.join(self.tls_dir, "ca.cert.pem") if self.tls_dir else ""
+
+    def tls_node_files(self) -> tuple[str, str]:
+        """``(cert, key)`` of the certificate every broker and bookie serves and the brokers
+        present to the bookies (mutual TLS); ("", "") without TLS."""
+        if not self.tls_dir:
+            return "", ""
+        return os.path.join(self.tls_dir, "node.cert.pem"), os.path.join(self.tls_dir, "node.key.pem")
+
+    def client_tls_options(self) -> dict:
+        """Keyword arguments of ``Client`` / ``AdminClient`` for this demo: the CA to trust ({} without TLS)."""
+        return {"tls_trust_certs_file_path": self.tls_ca_file} if self.tls_dir else {}
+
+    def broker_tls_settings(self) -> dict:
+        """The brokers' TLS keys: TLS-only ports, TLS to other brokers and clusters, mutual TLS
+        to the bookies with the node certificate ({} without TLS)."""
+        if not self.tls_dir:
+            return {}
+        cert, key = self.tls_node_files()
+        return dict(tls_enabled=True, tls_certificate_file_path=cert, tls_key_file_path=key,
+                    tls_trust_certs_file_path=self.tls_ca_file,
+                    broker_client_tls_enabled=True, broker_client_trust_certs_file_path=self.tls_ca_file,
+                    bookkeeper_tls_enabled=True, bookkeeper_tls_trust_certs_file_path=self.tls_ca_file,
+                    bookkeeper_tls_client_authentication=True, bookkeeper_tls_certificate_file_path=cert,
+                    bookkeeper_tls_key_file_path=key)
+
+    def bookie_tls_args(self) -> list[str]:
+        """The bookies' TLS flags: TLS only, and only clients with a certificate of the demo CA
+        (the brokers) connect ([] without TLS)."""
+        if not self.tls_dir:
+            return []
+        cert, key = self.tls_node_files()
+        return ["--tls-enabled", "--tls-certificate-file-path", cert, "--tls-key-file-path", key,
+                "--tls-trust-certs-file-path", self.tls_ca_file, "--tls-require-trusted-client-cert-on-connect"]
+
     def broker_url(self, cluster: str, index: int) -> str:
-        """The service URL of one broker: ``minipulsar://host:port``."""
-        return f"minipulsar://{self.host}:{self.cluster(cluster).brokers[index].port}"
+        """The service URL of one broker: ``minipulsar://host:port`` (``minipulsar+ssl://`` over TLS)."""
+        return f"{self.scheme}://{self.host}:{self.cluster(cluster).brokers[index].port}"
 
     def service_url(self, cluster: str) -> str:
         """The cluster's multi-host service URL naming every broker, as Pulsar's
-        ``pulsar://h1:p1,h2:p2``: ``minipulsar://127.0.0.1:6600,127.0.0.1:6610``."""
+        ``pulsar://h1:p1,h2:p2``: ``minipulsar://127.0.0.1:6600,127.0.0.1:6610``
+        (``minipulsar+ssl://`` over TLS)."""
         c = self.cluster(cluster)
-        return "minipulsar://" + ",".join(f"{self.host}:{b.port}" for b in c.brokers)
+        return f"{self.scheme}://" + ",".join(f"{self.host}:{b.port}" for b in c.brokers)
 
     def bookie_addresses(self, cluster: str) -> list[str]:
         """``host:port`` of the cluster's bookies."""
@@ -324,6 +372,7 @@ class Topology:
             managed_ledger_default_ensemble_size=c.ensemble_size,
             managed_ledger_default_write_quorum=c.write_quorum,
             managed_ledger_default_ack_quorum=c.ack_quorum)
+        values.update(self.broker_tls_settings())
         return BrokerConfig.from_dict(values)
 
 

@@ -1,4 +1,5 @@
-"""Service URLs ``minipulsar://host[:port][,host[:port]...]`` (Pulsar's
+"""Service URLs ``minipulsar://host[:port][,host[:port]...]`` and, over TLS,
+``minipulsar+ssl://...`` (Pulsar's ``pulsar+ssl://``) (Pulsar's
 ``PulsarServiceNameResolver`` / ``ServiceURI`` checks), parsed once for the
 client, the broker (cluster metadata, replicators) and the tools.
 
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 
 from proto.errors import InvalidConfiguration
 
-__all__ = ["ServiceUrl", "parse_service_url", "SCHEME", "DEFAULT_PORT"]
+__all__ = ["ServiceUrl", "parse_service_url", "SCHEME", "TLS_SCHEME", "DEFAULT_PORT", "DEFAULT_TLS_PORT"]
 
 SCHEME = "minipulsar"
+TLS_SCHEME = "minipulsar+ssl"  # Pulsar's pulsar+ssl://: the same gRPC endpoint over TLS
 DEFAULT_PORT = 6600  # the broker's gRPC port (DESIGN.md)
+DEFAULT_TLS_PORT = 6601  # the default port of a minipulsar+ssl:// URL without one (Pulsar: 6651 beside 6650)
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)$")
 
 
@@ -28,6 +31,7 @@ class ServiceUrl:
     brackets) and its TCP port (int); ``addresses``: every ``(host, port)`` in
     the order given (one element for a single-host URL); ``target``: the gRPC
     target ``"host:port"`` of the first host, ``targets``: those of all hosts.
+    ``tls``: a ``minipulsar+ssl://`` URL (connect with TLS).
     ``str()`` gives back the normalised URL, all hosts with their ports
     (``parse_service_url(str(u)) == u``).
     """
@@ -35,6 +39,7 @@ class ServiceUrl:
     host: str
     port: int
     addresses: tuple[tuple[str, int], ...] = ()
+    tls: bool = False
 
     def __post_init__(self) -> None:
         if not self.addresses:
@@ -61,14 +66,19 @@ class ServiceUrl:
 
     def hosts(self) -> list["ServiceUrl"]:
         """One single-host ``ServiceUrl`` per host, in URL order."""
-        return [ServiceUrl(h, p) for h, p in self.addresses]
+        return [ServiceUrl(h, p, tls=self.tls) for h, p in self.addresses]
+
+    @property
+    def scheme(self) -> str:
+        """``minipulsar+ssl`` for a TLS URL, else ``minipulsar``."""
+        return TLS_SCHEME if self.tls else SCHEME
 
     def __str__(self) -> str:
-        return f"{SCHEME}://" + ",".join(f"{h}:{p}" for h, p in self.addresses)
+        return f"{self.scheme}://" + ",".join(f"{h}:{p}" for h, p in self.addresses)
 
 
-def _parse_host_port(url: str, item: str) -> tuple[str, int]:
-    """One ``host[:port]`` of a service URL (port defaults to 6600); ``InvalidConfiguration`` otherwise."""
+def _parse_host_port(url: str, item: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """One ``host[:port]`` of a service URL (port defaults to ``default_port``); ``InvalidConfiguration`` otherwise."""
     if item.startswith("["):  # IPv6 literal
         end = item.find("]")
         if end < 0:
@@ -84,7 +94,7 @@ def _parse_host_port(url: str, item: str) -> tuple[str, int]:
     if port_text == "":
         if item.endswith(":"):
             raise InvalidConfiguration(f"invalid service URL {url!r}: empty port")
-        return host, DEFAULT_PORT
+        return host, default_port
     if not port_text.isdigit():
         raise InvalidConfiguration(f"invalid service URL {url!r}: port {port_text!r} is not a number")
     port = int(port_text)
@@ -96,8 +106,9 @@ def _parse_host_port(url: str, item: str) -> tuple[str, int]:
 def parse_service_url(url: str) -> ServiceUrl:
     """Parse a service URL ``minipulsar://host[:port]`` or, several hosts of one
     cluster, ``minipulsar://h1[:p1],h2[:p2],...`` (each port defaults to 6600; a
-    trailing ``/`` is accepted). Returns a ``ServiceUrl`` whose ``host``/``port``
-    are the first host's.
+    trailing ``/`` is accepted); ``minipulsar+ssl://...`` for the same over TLS
+    (ports default to 6601; Pulsar's ``pulsar+ssl://``). Returns a ``ServiceUrl``
+    whose ``host``/``port`` are the first host's and ``tls`` says which scheme.
 
     Raises ``InvalidConfiguration`` naming the problem for anything else: another
     scheme (``pulsar://`` is Pulsar's binary protocol, not this gRPC endpoint),
@@ -110,11 +121,13 @@ def parse_service_url(url: str) -> ServiceUrl:
     scheme, sep, rest = text.partition("://")
     if not sep:
         raise InvalidConfiguration(f"invalid service URL {url!r}: missing scheme, expected {SCHEME}://host:port")
-    if scheme.lower() != SCHEME:
-        hint = " (pulsar:// is Pulsar's binary protocol; minipulsar brokers speak gRPC at minipulsar://)" \
-            if scheme.lower() in ("pulsar", "pulsar+ssl", "http", "https") else ""
+    if scheme.lower() not in (SCHEME, TLS_SCHEME):
+        hint = " (pulsar:// is Pulsar's binary protocol; minipulsar brokers speak gRPC at minipulsar:// " \
+               "or, over TLS, minipulsar+ssl://)" if scheme.lower() in ("pulsar", "pulsar+ssl", "http", "https") \
+            else ""
         raise InvalidConfiguration(f"invalid service URL {url!r}: unsupported scheme {scheme!r}, "
                                    f"expected {SCHEME}://host:port{hint}")
+    tls = scheme.lower() == TLS_SCHEME
     rest = rest.rstrip("/")
     if "://" in rest:
         raise InvalidConfiguration(f"invalid service URL {url!r}: one scheme per URL; list the hosts of one "
@@ -129,9 +142,10 @@ def parse_service_url(url: str) -> ServiceUrl:
                                    f"{SCHEME}://host1:port1,host2:port2")
     addresses: list[tuple[str, int]] = []
     for item in items:
-        address = _parse_host_port(url, item.strip() if len(items) > 1 else item)
+        address = _parse_host_port(url, item.strip() if len(items) > 1 else item,
+                                   DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
         if address in addresses:
             raise InvalidConfiguration(f"invalid service URL {url!r}: host {address[0]}:{address[1]} is "
                                        "listed twice")
         addresses.append(address)
-    return ServiceUrl(addresses[0][0], addresses[0][1], tuple(addresses))
+    return ServiceUrl(addresses[0][0], addresses[0][1], tuple(addresses), tls)

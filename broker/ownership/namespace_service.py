@@ -518,8 +518,10 @@ class NamespaceService:
 
         channel = self._channels.get(service_url)
         if channel is None:
+            from broker.tls_security import security_for_url
+
             channel = open_channel(_address(service_url), grpc_message_size_options(),
-                                   self.service.broker_client_security)
+                                   security_for_url(self.service.broker_client_security, service_url, self.config))
             self._channels[service_url] = channel
         return channel
 

@@ -23,6 +23,7 @@ from broker.service.broker_service import BrokerService
 from broker.service.errors import NotFound
 from broker.service.resources import Policies
 from broker.service.topic import PersistentTopic
+from broker.tls_security import remote_service_url, security_for_url
 from proto import broker_pb2 as pb
 from proto import broker_pb2_grpc
 from proto.channels import ChannelSecurity, open_channel
@@ -221,7 +222,9 @@ class GeoBrokerService(BrokerService):
         for remote in remotes:
             try:
                 cluster_data = await self.resources.get_cluster(remote)
-                url = cluster_data["service_url"]
+                security = self.remote_cluster_security(remote, cluster_data)
+                url = remote_service_url(cluster_data, bool(security is not None and security.tls))
+                security = security_for_url(security, url, self.config)  # the URL's scheme decides TLS
             except NotFound:
                 log.warning("[%s] replication cluster %s is not registered here; skipping", topic.name, remote)
                 continue
@@ -231,10 +234,10 @@ class GeoBrokerService(BrokerService):
             if rep is not None:
                 await rep.close()
             if topic.name.is_partition:
-                await self._ensure_remote_partitions(topic, url, self.remote_cluster_security(remote, cluster_data))
+                await self._ensure_remote_partitions(topic, url, security)
             rep = Replicator(topic, local, remote, url, self.config.replication_producer_queue_size,
                              mark_delete_rate_limit=self.config.replicator_mark_delete_rate_limit,
-                             security=self.remote_cluster_security(remote, cluster_data))
+                             security=security)
             topic.replicators[remote] = rep
             await rep.start()
         for remote in [r for r in topic.replicators if r not in remotes]:

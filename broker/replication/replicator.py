@@ -50,6 +50,7 @@ from proto.channels import ChannelSecurity, open_channel
 from proto.common import REPLICATOR_CURSOR_PREFIX, grpc_message_size_options, source_sequence_id
 from proto.entry_format import peek_metadata, with_metadata
 from proto.errors import CorruptedMessage
+from proto.tls_errors import describe_tls_failure
 from proto.service_url import parse_service_url
 
 if TYPE_CHECKING:
@@ -189,8 +190,11 @@ class Replicator:
             except Exception as exc:
                 if self.connected:
                     backoff = 0.1       # a session was up: this is a new outage, start the backoff over
+                hint = describe_tls_failure(exc.details() or "", self.security is not None and self.security.tls,
+                                            self.remote_url) if isinstance(exc, grpc.aio.AioRpcError) else None
                 log.warning("%s replication interrupted: %s; rewinding and retrying within %.1fs",
-                            self.log_prefix, exc, backoff)
+                            self.log_prefix, (hint + " (broker_client_tls_* settings, the cluster's "
+                                              "service_url_tls)") if hint else exc, backoff)
             self.connected = False
             self.cursor.rewind()
             if self._closed:

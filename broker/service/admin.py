@@ -202,17 +202,17 @@ def _cluster_auth(b: dict) -> dict:
     return extra
 
 
-@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL, authentication_plugin=_STR.optional(),
-      authentication_parameters=_STR.optional())
+@verb("clusters.create", name=CLUSTER, service_url=SERVICE_URL, service_url_tls=SERVICE_URL.optional(),
+      authentication_plugin=_STR.optional(), authentication_parameters=_STR.optional())
 async def _clusters_create(s: BrokerService, b: dict):
-    await s.resources.create_cluster(b["name"], b["service_url"], _cluster_auth(b))
+    await s.resources.create_cluster(b["name"], b["service_url"], b.get("service_url_tls"), _cluster_auth(b))
     return {"ok": True}
 
 
-@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL, authentication_plugin=_STR.optional(),
-      authentication_parameters=_STR.optional())
+@verb("clusters.update", name=CLUSTER, service_url=SERVICE_URL, service_url_tls=SERVICE_URL.optional(),
+      authentication_plugin=_STR.optional(), authentication_parameters=_STR.optional())
 async def _clusters_update(s: BrokerService, b: dict):
-    await s.resources.update_cluster(b["name"], b["service_url"], _cluster_auth(b))
+    await s.resources.update_cluster(b["name"], b["service_url"], b.get("service_url_tls"), _cluster_auth(b))
     if "authentication_parameters" in b:
         await s.on_cluster_credentials_changed(b["name"])
     return {"ok": True}

@@ -107,31 +107,33 @@ class Resources:
         return json.loads(res.value), res.version
 
     # ---- clusters -------------------------------------------------------
-    async def create_cluster(self, name: str, service_url: str, extra: Optional[dict] = None) -> None:
+    async def create_cluster(self, name: str, service_url: str, service_url_tls: Optional[str] = None,
+                             extra: Optional[dict] = None) -> None:
         """Register cluster ``name`` with its ``service_url`` (``minipulsar://host:port``)
         at ``/admin/clusters/<name>`` (Pulsar's ClusterResources.createCluster /
-        ``pulsar-admin clusters create``). Raises InvalidArgument (bad name or URL),
+        ``pulsar-admin clusters create``); ``service_url_tls``: its TLS URL
+        (``minipulsar+ssl://``, Pulsar's brokerServiceUrlTls, used by brokers whose
+        ``broker_client_tls_enabled``). Raises InvalidArgument (bad name or URL),
         AlreadyExists (registered already); a concurrent create of the same name may
         surface as the metadata store's BadVersion."""
         check_name("cluster", name)
-        if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
-            raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
+        data = _cluster_data(service_url, service_url_tls)
         if await self.store.exists(f"/admin/clusters/{name}"):
             raise AlreadyExists(f"cluster {name} already exists")
-        data = {**(extra or {}), "service_url": service_url}   # extra: authentication_plugin / _parameters
+        data = {**(extra or {}), **data}   # extra: authentication_plugin / _parameters
         await self.store.put(f"/admin/clusters/{name}", json.dumps(data).encode(), -1)
 
-    async def update_cluster(self, name: str, service_url: str, extra: Optional[dict] = None) -> None:
+    async def update_cluster(self, name: str, service_url: str, service_url_tls: Optional[str] = None,
+                             extra: Optional[dict] = None) -> None:
         """Replace the ``service_url`` (``minipulsar://host:port``) of an existing
-        cluster (ClusterResources.updateCluster), and the keys of ``extra``
-        (``authentication_plugin`` / ``authentication_parameters``); its other keys
-        are kept. Raises NotFound (no such cluster), InvalidArgument (bad name or URL)."""
+        cluster (ClusterResources.updateCluster), its ``service_url_tls`` when given,
+        and the keys of ``extra`` (``authentication_plugin`` /
+        ``authentication_parameters``); its other keys are kept. Raises NotFound (no
+        such cluster), InvalidArgument (bad name or URL)."""
         current = await self.get_cluster(name)
-        if not isinstance(service_url, str) or not service_url.startswith("minipulsar://"):
-            raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
         data = {k: v for k, v in current.items() if k != "name"}
         data.update(extra or {})
-        data["service_url"] = service_url
+        data.update(_cluster_data(service_url, service_url_tls))
         await self.store.put(f"/admin/clusters/{name}", json.dumps(data).encode())
 
     async def get_cluster(self, name: str) -> dict:
@@ -319,3 +321,17 @@ class Resources:
         """Overwrite the topic-level policies of ``persistence_name`` (any JSON-able
         dict, stored with sorted keys; no validation, no version check)."""
         await self.store.put(f"/admin/topic-policies/{persistence_name}", json.dumps(policies, sort_keys=True).encode())
+
+
+def _cluster_data(service_url: str, service_url_tls: Optional[str]) -> dict:
+    """``{"service_url": ..., ["service_url_tls": ...]}`` of a cluster; InvalidArgument
+    unless ``service_url`` is ``minipulsar://`` or ``minipulsar+ssl://`` and
+    ``service_url_tls`` (when given) ``minipulsar+ssl://``."""
+    if not isinstance(service_url, str) or not service_url.startswith(("minipulsar://", "minipulsar+ssl://")):
+        raise InvalidArgument(f"invalid service URL {service_url!r}: use minipulsar://host:port")
+    data = {"service_url": service_url}
+    if service_url_tls:
+        if not isinstance(service_url_tls, str) or not service_url_tls.startswith("minipulsar+ssl://"):
+            raise InvalidArgument(f"invalid TLS service URL {service_url_tls!r}: use minipulsar+ssl://host:port")
+        data["service_url_tls"] = service_url_tls
+    return data
