@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="PEM CA bundle of the client certificates")
     parser.add_argument("--tls-require-trusted-client-cert-on-connect", action="store_true", default=None,
                         help="mutual TLS: refuse clients (brokers) without a certificate signed by that CA")
+    parser.add_argument("--authentication-enabled", dest="authentication_enabled", action="store_true", default=None,
+                        help="refuse every call without a valid token (the brokers' "
+                             "bookkeeper_client_authentication_parameters)")
+    parser.add_argument("--token-secret-key", default=None, metavar="file:///path | data:;base64,...",
+                        help="the HS256 secret key tokens are checked with (with --authentication-enabled)")
+    parser.add_argument("--token-public-key", default=None, metavar="file:///path | data:;base64,...",
+                        help="the public key RS256 tokens are checked with (with --authentication-enabled)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -100,6 +107,9 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         "tls_trust_certs_file_path": getattr(args, "tls_trust_certs_file_path", None),
         "tls_require_trusted_client_cert_on_connect": getattr(args, "tls_require_trusted_client_cert_on_connect",
                                                               None),
+        "authentication_enabled": getattr(args, "authentication_enabled", None),
+        "token_secret_key": getattr(args, "token_secret_key", None),
+        "token_public_key": getattr(args, "token_public_key", None),
     }
     if args.config:
         return BookieConfig.from_toml(args.config, **overrides)

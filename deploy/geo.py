@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from deploy.geo_auth import AUTH_DIR, ensure_auth_material
 from deploy.console import human_bytes, human_count, table
 from deploy.geo_processes import (READY_TIMEOUT_S, STOP_TIMEOUT_S, GeoError, GeoProcess, _alive, _memory,
                                   _port_open, plan_processes, process_health, start_processes, stop_processes)
@@ -87,6 +88,8 @@ def resolve_topology(topology_arg: str | None, data_dir: Path, for_up: bool = Fa
             saved.write_text(text)
     if (data_dir / TLS_DIR / "ca.cert.pem").exists():  # `geo up --tls` made this data dir a TLS demo
         topo = dataclasses.replace(topo, tls_dir=str((data_dir / TLS_DIR).resolve()))
+    if (data_dir / AUTH_DIR / "secret.key").exists():  # `geo up --auth`: tokens and authorization on
+        topo = dataclasses.replace(topo, auth_dir=str((data_dir / AUTH_DIR).resolve()))
     return topo
 
 
@@ -132,6 +135,13 @@ def cmd_up(args) -> int:
                            f"first: minipulsar geo down --data-dir {args.data_dir}")
         topo = ensure_tls_material(topo, data)
         _say(f"geo up: TLS on every link (CA and certificate in {topo.tls_dir})")
+    if getattr(args, "auth", False) and not topo.auth_dir:
+        running = [p.label for p in plan_processes(topo, data) if p.running_pid() is not None]
+        if running:
+            raise GeoError(f"--auth: {len(running)} process(es) of this demo already run without authentication; "
+                           f"stop them first: minipulsar geo down --data-dir {args.data_dir}")
+        topo = dataclasses.replace(topo, auth_dir=ensure_auth_material(data))
+        _say(f"geo up: token authentication and authorization on (secret key and tokens in {topo.auth_dir})")
     procs = plan_processes(topo, data)
     to_start = [p for p in procs if p.running_pid() is None]
     busy = busy_ports(_wanted_ports(topo, to_start), topo.host)
@@ -192,6 +202,11 @@ def cmd_up(args) -> int:
               f"and partitioned topics, shared by {', '.join(topo.names)})")
     ns = ", ".join(f"{n.name} -> {'+'.join(n.clusters)}" for n in topo.namespaces)
     print(f"namespaces: {ns}")
+    if topo.auth_dir:
+        print(f"authentication and authorization: on; superuser tokens {topo.auth_dir}/admin.token (e.g. "
+              f"--auth-params file://{topo.auth_dir}/admin.token) and broker.token; other roles: minipulsar tokens "
+              f"create --secret-key file://{topo.auth_dir}/secret.key --subject ROLE, then "
+              f"minipulsar-admin namespaces grant-permission")
     if topo.tls_dir:
         print(f"TLS: every link (clients, brokers, replicators, bookies with mutual TLS, metrics over HTTPS); "
               f"clients trust {topo.tls_ca_file} (e.g. --tls-trust-certs-file-path {topo.tls_ca_file})")
@@ -507,6 +522,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--tls", action="store_true", default=False,
                     help="run every link over TLS (a local CA and certificate in <data-dir>/tls; bookies with "
                          "mutual TLS); the data dir stays a TLS demo until purged")
+    up.add_argument("--auth", action="store_true", default=False,
+                    help="token authentication and authorization on every broker and bookie (a secret key and "
+                         "superuser tokens in <data-dir>/auth); the data dir stays so until purged")
     up.set_defaults(geo_func=cmd_up)
     st = sub.add_parser("status", help="health of every process, brokers with their bundles and load, topics, "
                                        "replication backlog and lag")

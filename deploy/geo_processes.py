@@ -122,7 +122,7 @@ class GeoProcess:
                    "--log-level", "INFO"]
             if not topo.journal_sync:
                 cmd.append("--no-journal-sync")
-            return cmd + topo.bookie_tls_args()
+            return cmd + topo.bookie_tls_args() + topo.bookie_auth_args()
         config = topo.broker_config(self.cluster, self.index, str(self.dir))
         self.config_file.write_text(_toml(dataclasses.asdict(config)))
         return [sys.executable, "-m", "broker", "--config", str(self.config_file), "--log-level", "INFO"]

@@ -232,6 +232,9 @@ class Topology:
     # `geo up --tls`: the directory of the demo's CA and certificate (deploy.tls_certs), "" = plaintext.
     # Not a file key: set from the data dir (deploy.geo.resolve_topology).
     tls_dir: str = ""
+    # `geo up --auth`: the directory of the demo's token secret key and tokens (deploy.geo_auth), "" = open.
+    # Not a file key either: set from the data dir.
+    auth_dir: str = ""
 
     # ---- lookups -------------------------------------------------------------
     def cluster(self, name: str) -> ClusterSpec:
@@ -302,8 +305,30 @@ class Topology:
         return os.path.join(self.tls_dir, "node.cert.pem"), os.path.join(self.tls_dir, "node.key.pem")
 
     def client_tls_options(self) -> dict:
-        """Keyword arguments of ``Client`` / ``AdminClient`` for this demo: the CA to trust ({} without TLS)."""
-        return {"tls_trust_certs_file_path": self.tls_ca_file} if self.tls_dir else {}
+        """Keyword arguments of ``Client`` / ``AdminClient`` for this demo: the CA to trust ({} without
+        TLS) and, with ``geo up --auth``, the demo administrator's token (a superuser role)."""
+        options = {"tls_trust_certs_file_path": self.tls_ca_file} if self.tls_dir else {}
+        if self.auth_dir:
+            from deploy.geo_auth import admin_authentication
+            options["authentication"] = admin_authentication(self.auth_dir)
+        return options
+
+    def broker_auth_settings(self) -> dict:
+        """``geo up --auth``: the brokers' authentication and authorization keys (tokens signed
+        with the demo's secret key; the brokers' own role and the administrator's are
+        superusers; the brokers' token towards other brokers, remote clusters and the bookies)
+        ({} without)."""
+        if not self.auth_dir:
+            return {}
+        from deploy.geo_auth import broker_auth_settings
+        return broker_auth_settings(self.auth_dir)
+
+    def bookie_auth_args(self) -> list[str]:
+        """``geo up --auth``: the bookies refuse calls without a token of the demo's key ([] without)."""
+        if not self.auth_dir:
+            return []
+        from deploy.geo_auth import secret_key_url
+        return ["--authentication-enabled", "--token-secret-key", secret_key_url(self.auth_dir)]
 
     def broker_tls_settings(self) -> dict:
         """The brokers' TLS keys: TLS-only ports, TLS to other brokers and clusters, mutual TLS
@@ -373,6 +398,7 @@ class Topology:
             managed_ledger_default_write_quorum=c.write_quorum,
             managed_ledger_default_ack_quorum=c.ack_quorum)
         values.update(self.broker_tls_settings())
+        values.update(self.broker_auth_settings())
         return BrokerConfig.from_dict(values)
 
 

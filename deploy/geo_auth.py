@@ -1,0 +1,75 @@
+"""``minipulsar geo up --auth``: the geo demo with token authentication and
+authorization on (Pulsar's ``AuthenticationProviderToken`` and
+``authorizationEnabled``), its keys and tokens kept in ``<data-dir>/auth``:
+
+- ``secret.key``: the HS256 secret key every broker and bookie checks tokens
+  with (one key for the three clusters, as one Pulsar instance shares its
+  ``tokenSecretKey``);
+- ``broker.token``: role ``geo-broker``, a superuser: what brokers present to
+  other brokers, to remote clusters (the replicators) and to the bookies
+  (``broker_client_authentication_parameters``,
+  ``bookkeeper_client_authentication_parameters``);
+- ``admin.token``: role ``geo-admin``, a superuser: what ``geo up`` (set-up),
+  ``geo demo`` and ``geo status`` use.
+
+Other roles get access with ``minipulsar tokens create --secret-key
+file://<data-dir>/auth/secret.key --subject ROLE`` and ``minipulsar-admin
+namespaces grant-permission``. No expiry: the demo's tokens live as long as
+its data dir.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from proto.auth_tokens import create_secret_key, create_token
+
+__all__ = ["AUTH_DIR", "BROKER_ROLE", "ADMIN_ROLE", "ensure_auth_material", "secret_key_url",
+           "admin_authentication", "broker_auth_settings"]
+
+AUTH_DIR = "auth"
+BROKER_ROLE = "geo-broker"
+ADMIN_ROLE = "geo-admin"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def ensure_auth_material(data_dir: Path) -> str:
+    """Create (once) ``<data_dir>/auth`` with the secret key and the broker's and
+    administrator's tokens; returns the directory (absolute path)."""
+    auth = (Path(data_dir) / AUTH_DIR).resolve()
+    auth.mkdir(parents=True, exist_ok=True)
+    key_file = auth / "secret.key"
+    if not key_file.exists():
+        _write_private(key_file, create_secret_key("HS256"))
+    key = key_file.read_bytes()
+    for role, name in ((BROKER_ROLE, "broker.token"), (ADMIN_ROLE, "admin.token")):
+        if not (auth / name).exists():
+            _write_private(auth / name, create_token(key, role, "HS256").encode())
+    return str(auth)
+
+
+def secret_key_url(auth_dir: str) -> str:
+    """``file:///...secret.key``: the brokers' and bookies' ``token_secret_key``."""
+    return "file://" + os.path.join(auth_dir, "secret.key")
+
+
+def admin_authentication(auth_dir: str):
+    """The SDK's ``AuthenticationToken`` of the demo administrator (``admin.token``, re-read
+    when the file changes)."""
+    from proto.authentication import authentication_from_params
+    return authentication_from_params("token", "file://" + os.path.join(auth_dir, "admin.token"))
+
+
+def broker_auth_settings(auth_dir: str) -> dict:
+    """The ``BrokerConfig`` keys of a broker of the demo with ``--auth``."""
+    broker_token = "file://" + os.path.join(auth_dir, "broker.token")
+    return dict(authentication_enabled=True, authorization_enabled=True,
+                token_secret_key=secret_key_url(auth_dir), superuser_roles=[BROKER_ROLE, ADMIN_ROLE],
+                broker_client_authentication_plugin="token", broker_client_authentication_parameters=broker_token,
+                bookkeeper_client_authentication_plugin="token",
+                bookkeeper_client_authentication_parameters=broker_token)
