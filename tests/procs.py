@@ -55,6 +55,7 @@ class ServerProcess:
 
     name = "server"
     ready_prefix = "SERVER_READY"
+    start_new_session = False   # True: the process leads its own session and process group
 
     def __init__(self, data_dir: str | os.PathLike, extra_args=(), tracker: ProcessTracker | None = None,
                  ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> None:
@@ -103,7 +104,7 @@ class ServerProcess:
         with open(self.stdout_log, "ab") as out, open(self.stderr_log, "ab") as err:
             # dies with the test process, however it dies (proto.lifeline)
             self.popen = lifeline.popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                        cwd=str(REPO_ROOT), env=env)
+                                        cwd=str(REPO_ROOT), env=env, start_new_session=self.start_new_session)
         if self.tracker is not None:
             self.tracker.add(self)
         pattern = re.compile(rf"^{re.escape(self.ready_prefix)} port=(\d+) pid=(\d+)(?: [^\n]*)?\r?\n", re.M)
