@@ -1,0 +1,502 @@
+"""The mixed soak of ``scripts/soak.py --scenario mixed`` (issue 16 part 3): a workload with
+every subscription type, acks, nacks and a geo pair, one fault every ``--fault-every`` s.
+
+Processes (all real, on free loopback ports, tied to this process by
+:mod:`proto.lifeline`): cluster ``soak-a`` = 3 bookies + 1 broker (separate
+processes, E = Qw = Qa = 2, deduplication on); cluster ``soak-b`` = one
+standalone (2 bookies + broker) that ``soak-a`` replicates one topic to,
+through a TCP proxy (:class:`tests.tcp_proxy.TcpProxy`) that can cut the geo link.
+
+Workload (this process, asyncio SDK): ``--mixed-topics`` local topics of ``soak-a``,
+subscription types Exclusive, Shared, Failover, Key_Shared in turn (2 consumers on
+Shared / Key_Shared / Failover), plus one topic replicated to ``soak-b`` (an
+Exclusive subscription in A, a Shared one in B). One named producer per topic
+(deduplication: per-producer sequence ids), ``--rate`` msg/s in all, ``--size``-byte
+payloads carrying the topic, the sequence number and the send time. Consumers
+acknowledge what they receive, but negatively acknowledge one message in 50 the
+first time it arrives (redelivered after 1 s, then acknowledged).
+
+Faults, in turn: kill -9 and restart a bookie (bookie-0 / bookie-1 of A), kill -9 and
+restart A's broker, SIGSTOP a bookie of A for 5 s then SIGCONT, cut the geo link
+for 5 s (every connection reset, new ones refused). A fault is *survived* when
+acknowledged sends and deliveries progress again within 60 s after it ended.
+
+At the end the producers stop, the consumers drain (up to 90 s), and every topic is
+read again from the earliest position (A, and B for the replicated one): *lost* =
+acknowledged by the broker to a producer but not stored (or, per subscription, never
+delivered), *duplicated* = stored more than once; both must be 0. Redeliveries to
+consumers (nacks, crashes) are counted apart: at-least-once delivery allows them.
+Every ``--sample`` s: RSS and open file descriptors of every process (from /proc).
+"""
+from __future__ import annotations
+
+import array
+import asyncio
+import collections
+import os
+import signal
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+SUB_TYPES = ("Exclusive", "Shared", "Failover", "KeyShared")
+FAULTS = ("kill_bookie", "kill_broker", "pause_bookie", "cut_geo_link")
+NACK_EVERY = 50
+
+
+def progress(msg: str) -> None:
+    import sys
+
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def proc_stats(pid: int) -> tuple[float | None, int | None]:
+    """(RSS MiB, open fds) of ``pid``; None for what cannot be read."""
+    rss = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) / 1024.0
+                    break
+    except OSError:
+        return None, None
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        fds = None
+    return rss, fds
+
+
+def percentile(values, q: float) -> float | None:
+    """The ``q``-th percentile (nearest rank) of ``values``; None when empty."""
+    if not len(values):
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100.0 * (len(s) - 1))))]
+
+
+class Cluster:
+    """Cluster ``soak-a``: bookies and a broker as separate processes (each killable)."""
+
+    def __init__(self, base: Path, tracker, journal_sync: bool):
+        self.base, self.tracker, self.journal_sync = base, tracker, journal_sync
+        self.bookies: list = []
+        self.broker = None
+
+    def start(self) -> "Cluster":
+        from tests.procs import BrokerProcess, start_bookie
+
+        for i in range(3):
+            self.bookies.append(start_bookie(self.base / f"bookie-{i}", self.journal_sync, tracker=self.tracker))
+        config = self.base / "broker.toml"
+        config.write_text('cluster_name = "soak-a"\nbroker_deduplication_enabled = true\n'
+                          "managed_ledger_default_ensemble_size = 2\nmanaged_ledger_default_write_quorum = 2\n"
+                          "managed_ledger_default_ack_quorum = 2\nbookkeeper_client_timeout_in_seconds = 5.0\n")
+        self.broker = BrokerProcess(self.base / "broker", [b.address for b in self.bookies], config,
+                                    ("--log-level", "WARNING"), self.tracker).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.broker.service_url
+
+
+class Stats:
+    """What the workload saw: per topic the acknowledged sequence numbers, per subscription
+    the delivered ones (with counts), latencies, progress counters."""
+
+    def __init__(self):
+        self.acked: dict[str, set[int]] = collections.defaultdict(set)
+        self.send_errors = 0
+        self.delivered: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.nacked: set[tuple[str, int]] = set()
+        self.publish_ms = array.array("d")     # compact: the client's RSS is measured too
+        self.e2e_ms = array.array("d")
+        self.acks_total = 0
+        self.deliveries_total = 0
+
+
+async def run_mixed(args) -> dict:
+    """One mixed soak run (see the module doc); returns the result dict with ``summary``."""
+    from tests.geo import Cluster as GeoCluster
+    from tests.geo import connect_clusters
+    from tests.procs import ProcessTracker, StandaloneProcess
+    from tests.tcp_proxy import TcpProxy
+
+    base = Path(tempfile.mkdtemp(prefix="soak-mixed-"))
+    tracker = ProcessTracker()
+    proxy = None
+    a_admin = b_admin = None
+    try:
+        t_setup = time.monotonic()
+        a = await asyncio.to_thread(lambda: Cluster(base / "a", tracker, args.journal_sync).start())
+        extra = ["--cluster-name", "soak-b", "--deduplication"] + ([] if args.journal_sync else ["--no-journal-sync"])
+        b = await asyncio.to_thread(lambda: StandaloneProcess(base / "b", extra, tracker).start())
+        proxy = await TcpProxy("127.0.0.1", b.port).start()
+        a_admin, b_admin = GeoCluster("soak-a", a.broker), GeoCluster("soak-b", b)
+        await connect_clusters([a_admin, b_admin], "soak", "geo", ["soak-a", "soak-b"])
+        # A reaches B through the proxy (the geo link the faults cut)
+        await a_admin.admin("clusters.update", name="soak-b", service_url=proxy.service_url)
+        await a_admin.admin("namespaces.create", namespace="soak/local")
+        await a_admin.admin("namespaces.set_clusters", namespace="soak/local", clusters=["soak-a"])
+        progress(f"mixed: A {a.url} (bookies {[x.pid for x in a.bookies]}, broker {a.broker.pid}), "
+                 f"B {b.service_url} (pid {b.pid}) via proxy {proxy.service_url}; set up in "
+                 f"{time.monotonic() - t_setup:.1f}s; {args.rate:g} msg/s for {args.duration:g}s, "
+                 f"a fault every {args.fault_every:g}s")
+        return await _workload(args, base, a, b, proxy)
+    finally:
+        for c in (a_admin, b_admin):
+            if c is not None:
+                await c.close()
+        if proxy is not None:
+            await proxy.close()
+        tracker.kill_all()
+
+
+async def _workload(args, base: Path, a: Cluster, b, proxy) -> dict:
+    from client import AsyncClient, InitialPosition
+    from client.consumer_config import ConsumerType
+    from client.errors import PulsarException
+
+    run_id = uuid.uuid4().hex[:6]
+    topics = [f"persistent://soak/local/t{i}-{run_id}" for i in range(args.mixed_topics)]
+    geo_topic = f"persistent://soak/geo/g-{run_id}"
+    subs = {t: SUB_TYPES[i % len(SUB_TYPES)] for i, t in enumerate(topics)}
+    subs[geo_topic] = "Exclusive"
+    all_topics = [*topics, geo_topic]
+    stats = Stats()
+    stop_producing = asyncio.Event()
+    stop_consuming = asyncio.Event()
+    pad = max(0, args.size - 40)
+
+    client_a = AsyncClient(a.url, operation_timeout_seconds=60)
+    client_b = AsyncClient(b.service_url, operation_timeout_seconds=60)
+    await client_a.__aenter__()
+    await client_b.__aenter__()
+
+    async def produce(index: int, topic: str, rate: float):
+        producer = await client_a.create_producer(topic, producer_name=f"soak-{run_id}-{index}",
+                                                  send_timeout_millis=0, batching_max_publish_delay_ms=5,
+                                                  block_if_queue_full=True)
+        seq = 0
+        inflight = asyncio.Semaphore(1000)
+        t0 = time.monotonic()
+
+        async def one(n: int, t_send: float):
+            try:
+                payload = f"{index}:{n}:{time.time():.6f}:".encode() + b"x" * pad
+                await producer.send(payload, partition_key=f"k{n % 16}")
+                stats.acked[topic].add(n)
+                stats.acks_total += 1
+                stats.publish_ms.append((time.monotonic() - t_send) * 1000)
+            except PulsarException as exc:
+                stats.send_errors += 1
+                progress(f"send {topic} #{n} failed: {exc!r}")
+            finally:
+                inflight.release()
+
+        tasks = set()
+        while not stop_producing.is_set():
+            due = t0 + seq / rate
+            now = time.monotonic()
+            if due > now:
+                await asyncio.sleep(due - now)
+                continue
+            await inflight.acquire()
+            task = asyncio.ensure_future(one(seq, time.monotonic()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            seq += 1
+        if tasks:
+            await asyncio.wait(tasks, timeout=120)
+        await producer.close()
+
+    async def consume(client, topic: str, sub: str, sub_type: str, key: str):
+        consumer = await client.subscribe(topic, sub, consumer_type=getattr(ConsumerType, sub_type),
+                                          initial_position=InitialPosition.Earliest,
+                                          negative_ack_redelivery_delay_ms=1000)
+        try:
+            while not stop_consuming.is_set():
+                try:
+                    msg = await consumer.receive(timeout_millis=500)
+                except PulsarException:
+                    continue
+                parts = msg.data().split(b":", 3)
+                n = int(parts[1])
+                if (key, n) not in stats.nacked and n % NACK_EVERY == 7:
+                    stats.nacked.add((key, n))
+                    consumer.negative_acknowledge(msg)
+                    continue
+                stats.delivered[key][n] += 1
+                stats.deliveries_total += 1
+                if stats.delivered[key][n] == 1:
+                    stats.e2e_ms.append((time.time() - float(parts[2])) * 1000)
+                consumer.acknowledge(msg)
+        finally:
+            try:
+                await consumer.close()
+            except PulsarException:
+                pass
+
+    consumers = []
+    for topic in all_topics:
+        n = 1 if subs[topic] == "Exclusive" else 2
+        for _ in range(n):
+            consumers.append(asyncio.ensure_future(consume(client_a, topic, "soak", subs[topic], topic)))
+    consumers.append(asyncio.ensure_future(consume(client_b, geo_topic, "soak-b", "Shared", "B:" + geo_topic)))
+    await asyncio.sleep(1.0)
+    rate_each = args.rate / len(all_topics)
+    producers = [asyncio.ensure_future(produce(i, t, rate_each)) for i, t in enumerate(all_topics)]
+
+    samples: list[dict] = []
+    faults: list[dict] = []
+
+    def processes() -> dict[str, int]:
+        from proto.data_dir_lock import lock_holder
+
+        out = {f"a-bookie-{i}": x.pid for i, x in enumerate(a.bookies)}
+        out["a-broker"] = a.broker.pid
+        out["b-standalone"] = b.pid
+        for i in range(2):
+            pid = lock_holder(Path(b.data_dir) / f"bookie-{i}", "LOCK")
+            if pid:
+                out[f"b-bookie-{i}"] = pid
+        out["client"] = os.getpid()
+        return out
+
+    t0 = time.monotonic()
+
+    async def sampler():
+        n = 0
+        while not stop_producing.is_set():
+            sample = {"t": round(time.monotonic() - t0, 1), "acks": stats.acks_total,
+                      "deliveries": stats.deliveries_total, "procs": {}}
+            for label, pid in processes().items():
+                rss, fds = proc_stats(pid)
+                sample["procs"][label] = {"pid": pid, "rss_mb": None if rss is None else round(rss, 1), "fds": fds}
+            samples.append(sample)
+            if n % max(1, int(60 / args.sample)) == 0:
+                progress(f"t={sample['t']:.0f}s acked {stats.acks_total} delivered {stats.deliveries_total} "
+                         f"errors {stats.send_errors} | " + " ".join(
+                             f"{k} {v['rss_mb']}M/{v['fds']}fd" for k, v in sample["procs"].items()))
+            n += 1
+            try:
+                await asyncio.wait_for(stop_producing.wait(), args.sample)
+            except asyncio.TimeoutError:
+                pass
+
+    async def progressed(timeout_s: float = 60.0) -> bool:
+        acks, dels = stats.acks_total, stats.deliveries_total
+        geo = sum(stats.delivered["B:" + geo_topic].values())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if stats.acks_total > acks + 10 and stats.deliveries_total > dels + 10 \
+                    and sum(stats.delivered["B:" + geo_topic].values()) > geo:
+                return True
+            await asyncio.sleep(0.5)
+        return False
+
+    async def inject(kind: int) -> dict:
+        name = FAULTS[kind % len(FAULTS)]
+        t_start = time.monotonic()
+        detail = ""
+        if name == "kill_bookie":
+            from tests.procs import restart_bookie_same_port
+
+            i = (kind // len(FAULTS)) % 2
+            old = a.bookies[i]
+            old.kill()
+            await asyncio.sleep(2.0)
+            a.bookies[i] = await asyncio.to_thread(restart_bookie_same_port, old)
+            detail = f"bookie-{i} pid {old.pid} -> {a.bookies[i].pid}"
+        elif name == "kill_broker":
+            old = a.broker
+            old.kill()
+            await asyncio.sleep(1.0)
+            a.broker = await asyncio.to_thread(old.restart)
+            detail = f"broker pid {old.pid} -> {a.broker.pid}"
+        elif name == "pause_bookie":
+            i = (kind // len(FAULTS)) % 3
+            os.kill(a.bookies[i].pid, signal.SIGSTOP)
+            await asyncio.sleep(5.0)
+            os.kill(a.bookies[i].pid, signal.SIGCONT)
+            detail = f"bookie-{i} pid {a.bookies[i].pid} stopped 5 s"
+        else:
+            proxy.refuse(True)
+            cut = proxy.cut()
+            await asyncio.sleep(5.0)
+            proxy.refuse(False)
+            detail = f"{cut} connection(s) reset, refused 5 s"
+        t_end = time.monotonic()
+        ok = await progressed()
+        fault = {"fault": name, "at_s": round(t_start - t0, 1), "lasted_s": round(t_end - t_start, 1),
+                 "recovered_in_s": round(time.monotonic() - t_end, 1) if ok else None, "survived": ok,
+                 "detail": detail}
+        progress(f"fault {len(faults) + 1}: {name} ({detail}): "
+                 + (f"progress again {fault['recovered_in_s']}s after" if ok else "NO PROGRESS within 60 s"))
+        return fault
+
+    async def faulter():
+        k = 0
+        while True:
+            try:
+                await asyncio.wait_for(stop_producing.wait(), args.fault_every)
+                return
+            except asyncio.TimeoutError:
+                pass
+            faults.append(await inject(k))
+            k += 1
+
+    sampler_task = asyncio.ensure_future(sampler())
+    faulter_task = asyncio.ensure_future(faulter())
+    await asyncio.sleep(args.duration)
+    t_load_end = time.monotonic()
+    stop_producing.set()
+    await faulter_task           # a fault in progress finishes (and its recovery is checked)
+    await asyncio.gather(*producers, return_exceptions=True)
+    await sampler_task
+    duration = time.monotonic() - t0
+
+    # drain: every subscription has everything acknowledged, or 90 s
+    def missing() -> int:
+        out = 0
+        for topic in all_topics:
+            out += len(stats.acked[topic] - set(stats.delivered[topic]))
+        out += len(stats.acked[geo_topic] - set(stats.delivered["B:" + geo_topic]))
+        return out
+
+    deadline = time.monotonic() + 90
+    while missing() and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    stop_consuming.set()
+    await asyncio.gather(*consumers, return_exceptions=True)
+
+    stored = {}
+    for topic in all_topics:
+        stored[topic] = await read_back(client_a, topic)
+    stored["B:" + geo_topic] = await read_back(client_b, geo_topic)
+    await client_a.__aexit__(None, None, None)
+    await client_b.__aexit__(None, None, None)
+    return summarize_mixed(args, stats, stored, all_topics, geo_topic, subs, samples, faults, duration,
+                           t_load_end - t0)
+
+
+async def read_back(client, topic: str) -> collections.Counter:
+    """Every stored message of ``topic`` (sequence number -> times stored), by a reader from
+    the earliest position."""
+    from client import MessageId
+    from client.errors import PulsarException
+
+    counts: collections.Counter = collections.Counter()
+    reader = await client.create_reader(topic, MessageId.earliest)
+    try:
+        misses = 0
+        while misses < 3:
+            if not await reader.has_message_available():
+                break
+            try:
+                msg = await reader.read_next(timeout_millis=5000)
+            except PulsarException:
+                misses += 1
+                continue
+            counts[int(msg.data().split(b":", 3)[1])] += 1
+    finally:
+        await reader.close()
+    return counts
+
+
+def summarize_mixed(args, stats: Stats, stored: dict, all_topics: list[str], geo_topic: str, subs: dict,
+                    samples: list[dict], faults: list[dict], duration_s: float, load_s: float) -> dict:
+    """The figures of a mixed run: throughput, p99, faults, lost / duplicated, RSS and fds."""
+    acked_total = sum(len(stats.acked[t]) for t in all_topics)
+    lost_stored = dup_stored = lost_delivery = redelivered = unacked_stored = 0
+    per_topic = {}
+    keys = [*all_topics, "B:" + geo_topic]
+    for key in keys:
+        topic = key[2:] if key.startswith("B:") else key
+        acked = stats.acked[topic]
+        counts = stored.get(key, collections.Counter())
+        delivered = stats.delivered[key]
+        row = {"acked": len(acked), "stored": len(counts), "lost": len(acked - set(counts)),
+               "duplicated": sum(c - 1 for c in counts.values() if c > 1),
+               "unacknowledged_but_stored": len(set(counts) - acked),
+               "never_delivered": len(acked - set(delivered)),
+               "redelivered": sum(c - 1 for c in delivered.values() if c > 1),
+               "subscription": "Shared (cluster B)" if key.startswith("B:") else subs[topic]}
+        per_topic[key] = row
+        lost_stored += row["lost"]
+        dup_stored += row["duplicated"]
+        lost_delivery += row["never_delivered"]
+        redelivered += row["redelivered"]
+        unacked_stored += row["unacknowledged_but_stored"]
+
+    procs: dict[str, dict] = {}
+    warm = next((s for s in samples if s["t"] >= min(60.0, load_s / 4)), samples[0] if samples else None)
+    for s in samples:
+        for label, v in s["procs"].items():
+            p = procs.setdefault(label, {"pids": [], "first": None, "last": None, "last_pid_first": None})
+            if v["rss_mb"] is None:
+                continue
+            if not p["pids"] or p["pids"][-1] != v["pid"]:
+                p["pids"].append(v["pid"])
+                p["last_pid_first"] = {"t": s["t"], **v}
+            if p["first"] is None and (warm is None or s["t"] >= warm["t"]):
+                p["first"] = {"t": s["t"], **v}
+            p["last"] = {"t": s["t"], **v}
+    processes = {}
+    for label, p in procs.items():
+        if p["first"] is None or p["last"] is None:
+            continue
+        steady = p["last_pid_first"] if len(p["pids"]) > 1 else p["first"]
+        processes[label] = {
+            "restarts": len(p["pids"]) - 1,
+            "rss_mb_start": p["first"]["rss_mb"], "rss_mb_end": p["last"]["rss_mb"],
+            "fds_start": p["first"]["fds"], "fds_end": p["last"]["fds"],
+            # over the lifetime of the process alive at the end (since warm-up when never restarted)
+            "rss_growth_mb_last_process": round(p["last"]["rss_mb"] - steady["rss_mb"], 1),
+            "fd_growth_last_process": (p["last"]["fds"] - steady["fds"]) if steady["fds"] is not None
+            and p["last"]["fds"] is not None else None,
+            "last_process_observed_s": round(p["last"]["t"] - steady["t"], 1)}
+    summary = {
+        "duration_s": round(duration_s, 1), "load_s": round(load_s, 1), "rate": args.rate,
+        "acked_msgs": acked_total, "throughput_msg_s": round(acked_total / load_s, 1) if load_s else None,
+        "publish_p50_ms": _r(percentile(stats.publish_ms, 50)), "publish_p99_ms": _r(percentile(stats.publish_ms, 99)),
+        "publish_max_ms": _r(max(stats.publish_ms) if stats.publish_ms else None),
+        "e2e_p50_ms": _r(percentile(stats.e2e_ms, 50)), "e2e_p99_ms": _r(percentile(stats.e2e_ms, 99)),
+        "send_errors": stats.send_errors,
+        "faults": len(faults), "faults_survived": sum(1 for f in faults if f["survived"]),
+        "recovery_s_median": _r(statistics.median([f["recovered_in_s"] for f in faults if f["survived"]])
+                                if any(f["survived"] for f in faults) else None),
+        "lost": lost_stored, "duplicated": dup_stored, "lost_in_delivery": lost_delivery,
+        "redelivered_to_consumers": redelivered, "nacked": len(stats.nacked),
+        "unacknowledged_but_stored": unacked_stored,
+        "ok": lost_stored == 0 and dup_stored == 0 and lost_delivery == 0 and all(f["survived"] for f in faults),
+    }
+    return {"scenario": "mixed", "summary": summary, "topics": per_topic, "processes": processes,
+            "faults": faults, "samples": samples}
+
+
+def _r(x):
+    return None if x is None else round(x, 1)
+
+
+def print_report(result: dict) -> None:
+    """The run's figures on stderr, one line each."""
+    s = result["summary"]
+    progress(f"mixed: {s['acked_msgs']} msgs acknowledged in {s['load_s']}s = {s['throughput_msg_s']} msg/s; "
+             f"publish p50 {s['publish_p50_ms']} p99 {s['publish_p99_ms']} max {s['publish_max_ms']} ms; "
+             f"end-to-end p50 {s['e2e_p50_ms']} p99 {s['e2e_p99_ms']} ms")
+    progress(f"mixed: faults {s['faults_survived']}/{s['faults']} survived (median recovery "
+             f"{s['recovery_s_median']} s); LOST {s['lost']} DUPLICATED {s['duplicated']} "
+             f"never delivered {s['lost_in_delivery']}; redelivered {s['redelivered_to_consumers']} "
+             f"(nacked {s['nacked']}); send errors {s['send_errors']}; ok={s['ok']}")
+    for key, row in result["topics"].items():
+        progress(f"  {key} [{row['subscription']}]: {row}")
+    for label, p in sorted(result["processes"].items()):
+        progress(f"  {label:14s} restarts {p['restarts']:2d}  RSS MiB {p['rss_mb_start']} -> {p['rss_mb_end']} "
+                 f"(last process +{p['rss_growth_mb_last_process']} over {p['last_process_observed_s']} s)  "
+                 f"fds {p['fds_start']} -> {p['fds_end']} (last process {p['fd_growth_last_process']:+d})"
+                 if p['fd_growth_last_process'] is not None else f"  {label}: {p}")
