@@ -262,3 +262,37 @@ def test_a_test_helper_child_dies_when_its_parent_is_killed(tmp_path, where):
         parent.kill()
         parent.wait()
     wait_for(lambda: not is_alive(bookie), 30, what=f"bookie {bookie} to die with its parent")
+
+
+@pytest.mark.timeout(240)
+def test_geo_down_after_a_partial_crash_stops_the_rest(tmp_path):
+    """``geo up`` daemons outlive the command by design; after some of them crashed
+    (kill -9), ``geo down`` reports those as not running and stops every other one."""
+    from deploy.geo import resolve_topology
+    from deploy.geo_processes import plan_processes, start_processes
+    from tests.e2e.geo_helpers import geo, kill_leftovers, running_pids, write_topology
+
+    topology, data = tmp_path / "geo.toml", tmp_path / "data"
+    write_topology(topology)
+    topo = resolve_topology(str(topology), data, for_up=True)
+    procs = [p for p in plan_processes(topo, data) if p.kind == "etcd" or (p.kind == "bookie" and p.cluster == "us-east")]
+    try:
+        start_processes(procs, 120)
+        pids = {p.label: p.running_pid() for p in procs}
+        assert all(pids.values()) and sorted(running_pids(data)) == sorted(pids.values())
+        crashed = [next(p for p in procs if p.kind == "bookie"), next(p for p in procs if p.kind == "etcd"
+                                                                       and p.cluster == "eu-central")]
+        for p in crashed:
+            os.kill(pids[p.label], signal.SIGKILL)
+            p.popen.wait(10)
+        down = geo("down", "--data-dir", str(data), "--timeout", "20", timeout=180)
+        assert down.returncode == 0, down.stderr
+        assert running_pids(data) == [] and not any(is_alive(pid) for pid in pids.values())
+        assert not list(data.glob("*/*.pid"))
+        lines = down.stdout.splitlines()
+        for p in procs:
+            row = next(line for line in lines if line.split()[:1] == [p.label])
+            assert ("not running" in row) == (p in crashed), row
+            assert p in crashed or "stopped in" in row, row
+    finally:
+        kill_leftovers(data)
