@@ -198,6 +198,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     except RegistrationError as exc:
         print(f"bookie: {exc}", file=sys.stderr)
         return 4
+    except RuntimeError as exc:
+        if "cannot bind bookie" not in str(exc):
+            raise
+        print(f"bookie: {exc}", file=sys.stderr)     # names the port's holder when it can be found
+        return 1
     return 0
 
 

@@ -65,13 +65,14 @@ def pids_listening_on(port: int) -> list[int]:
 
 
 def command_line(pid: int, limit: int = 160) -> str | None:
-    """The command line of ``pid`` (arguments joined by spaces, cut to ``limit``
-    characters), or None when it is gone or not visible."""
+    """The command line of ``pid`` (arguments joined by spaces, runs of whitespace inside one
+    argument shown as one space, cut to ``limit`` characters), or None when it is gone or not
+    visible."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    text = " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+    text = " ".join(" ".join(a.decode(errors="replace").split()) for a in raw.split(b"\0") if a)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

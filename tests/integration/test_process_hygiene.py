@@ -225,8 +225,17 @@ def test_a_busy_bookie_port_names_its_holder(tmp_path, process_tracker):
         s.bind(("127.0.0.1", port))
         s.listen()
         proc = run_cli("-m", "deploy.cli", "standalone", "--port", "0", "--http-port", "0", "--data-dir", str(data))
+        # a bookie or a broker on a busy port says who holds it too
+        bookie = run_cli("-m", "bookie", "--port", str(port), "--data-dir", str(tmp_path / "bk"))
+        broker = run_cli("-m", "broker", "--bookies", "127.0.0.1:1,127.0.0.1:2", "--data-dir", str(tmp_path / "br"),
+                         "--port", str(port), "--http-port", "-1", "--log-level", "ERROR")
+    me = f"pid {os.getpid()} ("
     assert proc.returncode == 1
-    assert f"[{port}]" in proc.stderr and f"pid {os.getpid()} " in proc.stderr and f"kill {os.getpid()}" in proc.stderr
+    assert f"[{port}]" in proc.stderr and me in proc.stderr and f"kill {os.getpid()}" in proc.stderr, proc.stderr
+    assert bookie.returncode == 1 and f"cannot bind bookie to 127.0.0.1:{port}" in bookie.stderr, bookie.stderr
+    assert me in bookie.stderr and "Traceback" not in bookie.stderr, bookie.stderr
+    assert broker.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in broker.stderr, broker.stderr
+    assert me in broker.stderr and f"kill {os.getpid()}" in broker.stderr, broker.stderr
 
 
 _PARENT = textwrap.dedent("""
