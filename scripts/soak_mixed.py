@@ -16,10 +16,15 @@ payloads carrying the topic, the sequence number and the send time. Consumers
 acknowledge what they receive, but negatively acknowledge one message in 50 the
 first time it arrives (redelivered after 1 s, then acknowledged).
 
+The namespaces have infinite retention, so that the final read-back finds every stored
+message (consumed ledgers are otherwise deleted). ``--broker-config FILE.toml`` adds
+settings to A's broker (e.g. ``managed_ledger_max_entries_per_ledger = 100``).
+
 Faults, in turn: kill -9 and restart a bookie (bookie-0 / bookie-1 of A), kill -9 and
 restart A's broker, SIGSTOP a bookie of A for 5 s then SIGCONT, cut the geo link
-for 5 s (every connection reset, new ones refused). A fault is *survived* when
-acknowledged sends and deliveries progress again within 60 s after it ended.
+for 5 s (every connection reset, new ones refused); none starts in the last 25 s of the
+load. A fault is *survived* when acknowledged sends, deliveries and deliveries in B
+progress again within 60 s after it ended.
 
 At the end the producers stop, the consumers drain (up to 90 s), and every topic is
 read again from the earliest position (A, and B for the replicated one): *lost* =
@@ -44,6 +49,7 @@ from pathlib import Path
 SUB_TYPES = ("Exclusive", "Shared", "Failover", "KeyShared")
 FAULTS = ("kill_bookie", "kill_broker", "pause_bookie", "cut_geo_link")
 NACK_EVERY = 50
+FAULT_MARGIN_S = 25.0   # no fault starts later than this before the end of the load (5 s fault + recovery)
 
 
 def progress(msg: str) -> None:
@@ -81,8 +87,9 @@ def percentile(values, q: float) -> float | None:
 class Cluster:
     """Cluster ``soak-a``: bookies and a broker as separate processes (each killable)."""
 
-    def __init__(self, base: Path, tracker, journal_sync: bool):
+    def __init__(self, base: Path, tracker, journal_sync: bool, broker_config: str | None = None):
         self.base, self.tracker, self.journal_sync = base, tracker, journal_sync
+        self.broker_config = broker_config
         self.bookies: list = []
         self.broker = None
 
@@ -94,7 +101,8 @@ class Cluster:
         config = self.base / "broker.toml"
         config.write_text('cluster_name = "soak-a"\nbroker_deduplication_enabled = true\n'
                           "managed_ledger_default_ensemble_size = 2\nmanaged_ledger_default_write_quorum = 2\n"
-                          "managed_ledger_default_ack_quorum = 2\nbookkeeper_client_timeout_in_seconds = 5.0\n")
+                          "managed_ledger_default_ack_quorum = 2\nbookkeeper_client_timeout_in_seconds = 5.0\n"
+                          + (Path(self.broker_config).read_text() if self.broker_config else ""))
         self.broker = BrokerProcess(self.base / "broker", [b.address for b in self.bookies], config,
                                     ("--log-level", "WARNING"), self.tracker).start()
         return self
@@ -132,7 +140,7 @@ async def run_mixed(args) -> dict:
     a_admin = b_admin = None
     try:
         t_setup = time.monotonic()
-        a = await asyncio.to_thread(lambda: Cluster(base / "a", tracker, args.journal_sync).start())
+        a = await asyncio.to_thread(lambda: Cluster(base / "a", tracker, args.journal_sync, args.broker_config).start())
         extra = ["--cluster-name", "soak-b", "--deduplication"] + ([] if args.journal_sync else ["--no-journal-sync"])
         b = await asyncio.to_thread(lambda: StandaloneProcess(base / "b", extra, tracker).start())
         proxy = await TcpProxy("127.0.0.1", b.port).start()
@@ -142,6 +150,11 @@ async def run_mixed(args) -> dict:
         await a_admin.admin("clusters.update", name="soak-b", service_url=proxy.service_url)
         await a_admin.admin("namespaces.create", namespace="soak/local")
         await a_admin.admin("namespaces.set_clusters", namespace="soak/local", clusters=["soak-a"])
+        # infinite retention: the final read-back from the earliest position must find every message,
+        # also in ledgers that every subscription consumed (those are deleted without retention)
+        for admin, ns in ((a_admin, "soak/local"), (a_admin, "soak/geo"), (b_admin, "soak/geo")):
+            await admin.admin("namespaces.set_retention", namespace=ns, retention_time_minutes=-1,
+                              retention_size_mb=-1)
         progress(f"mixed: A {a.url} (bookies {[x.pid for x in a.bookies]}, broker {a.broker.pid}), "
                  f"B {b.service_url} (pid {b.pid}) via proxy {proxy.service_url}; set up in "
                  f"{time.monotonic() - t_setup:.1f}s; {args.rate:g} msg/s for {args.duration:g}s, "
@@ -347,6 +360,8 @@ async def _workload(args, base: Path, a: Cluster, b, proxy) -> dict:
                 return
             except asyncio.TimeoutError:
                 pass
+            if time.monotonic() + FAULT_MARGIN_S > t0 + args.duration:
+                return     # it could not be judged: the producers stop before it and its recovery end
             faults.append(await inject(k))
             k += 1
 

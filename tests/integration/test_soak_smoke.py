@@ -55,7 +55,7 @@ def test_soak_mixed_survives_every_fault_kind_with_nothing_lost_or_duplicated():
     nothing acknowledged is lost or stored twice, every process is sampled (RSS, fds)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "soak.py"), "--scenario", "mixed", "--runs", "1",
-                           "--duration", "60", "--fault-every", "3", "--sample", "3", "--rate", "100",
+                           "--duration", "70", "--fault-every", "3", "--sample", "3", "--rate", "100",
                            "--no-journal-sync", "--label", "mixed-smoke"],
                           cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=380)
     print(proc.stderr[-5000:])
