@@ -31,7 +31,8 @@ read again from the earliest position (A, and B for the replicated one): *lost* 
 acknowledged by the broker to a producer but not stored (or, per subscription, never
 delivered), *duplicated* = stored more than once; both must be 0. Redeliveries to
 consumers (nacks, crashes) are counted apart: at-least-once delivery allows them.
-Every ``--sample`` s: RSS and open file descriptors of every process (from /proc).
+Every ``--sample`` s: RSS and open file descriptors of every process (from /proc). The
+data dirs (a temporary directory) are deleted after a run that passed, kept otherwise.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import array
 import asyncio
 import collections
 import os
+import shutil
 import signal
 import statistics
 import tempfile
@@ -138,6 +140,7 @@ async def run_mixed(args) -> dict:
     tracker = ProcessTracker()
     proxy = None
     a_admin = b_admin = None
+    result = None
     try:
         t_setup = time.monotonic()
         a = await asyncio.to_thread(lambda: Cluster(base / "a", tracker, args.journal_sync, args.broker_config).start())
@@ -159,7 +162,8 @@ async def run_mixed(args) -> dict:
                  f"B {b.service_url} (pid {b.pid}) via proxy {proxy.service_url}; set up in "
                  f"{time.monotonic() - t_setup:.1f}s; {args.rate:g} msg/s for {args.duration:g}s, "
                  f"a fault every {args.fault_every:g}s")
-        return await _workload(args, base, a, b, proxy)
+        result = await _workload(args, base, a, b, proxy)
+        return result
     finally:
         for c in (a_admin, b_admin):
             if c is not None:
@@ -167,6 +171,10 @@ async def run_mixed(args) -> dict:
         if proxy is not None:
             await proxy.close()
         tracker.kill_all()
+        if result is not None and result["summary"]["ok"]:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            progress(f"mixed: data and logs kept in {base}")
 
 
 async def _workload(args, base: Path, a: Cluster, b, proxy) -> dict:
