@@ -284,7 +284,8 @@ def test_geo_down_after_a_partial_crash_stops_the_rest(tmp_path):
     topology, data = tmp_path / "geo.toml", tmp_path / "data"
     write_topology(topology)
     topo = resolve_topology(str(topology), data, for_up=True)
-    procs = [p for p in plan_processes(topo, data) if p.kind == "etcd" or (p.kind == "bookie" and p.cluster == "us-east")]
+    procs = [p for p in plan_processes(topo, data)
+             if p.kind == "etcd" or (p.kind == "bookie" and p.cluster == "us-east")]
     try:
         start_processes(procs, 120)
         pids = {p.label: p.running_pid() for p in procs}
