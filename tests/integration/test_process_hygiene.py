@@ -115,6 +115,20 @@ async def test_standalone_killed_with_sigkill_leaves_no_process_and_restarts_wit
     wait_for(lambda: not processes_naming(data), 30, what="a clean stop to stop the bookies")
 
 
+def test_ctrl_c_to_the_standalone_s_process_group_stops_everything_cleanly(tmp_path, process_tracker):
+    """Ctrl-C in a terminal sends SIGINT to the foreground process group: the standalone
+    stops its broker and its bookies (in sessions of their own) and exits 0."""
+    data = tmp_path / "sa"
+    sa = start_own_session(data, process_tracker)
+    bookies = bookie_pids(data)
+    assert len(bookies) == 2
+    os.killpg(sa.popen.pid, signal.SIGINT)
+    assert sa.wait(60) == 0
+    wait_for(lambda: not processes_naming(data), 30, what="the bookies to be stopped")
+    assert "stopping broker and bookies" in sa.stderr_tail()
+    assert lock_holder(data, "standalone.lock") is None
+
+
 def test_second_standalone_and_second_broker_on_a_live_data_dir_fail_naming_the_pid(tmp_path, process_tracker):
     data = tmp_path / "sa"
     sa = StandaloneProcess(data, tracker=process_tracker).start()
