@@ -242,6 +242,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     except TlsConfigError as exc:
         print(f"bookie: bad TLS configuration: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        if "cannot bind bookie" not in str(exc):
+            raise
+        print(f"bookie: {exc}", file=sys.stderr)     # names the port's holder when it can be found
+        return 1
     return 0
 
 

@@ -14,13 +14,13 @@ holder's pid, for the error message of the next process that tries.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 
 from bookie import cookie as cookies
 from bookie.ledger_db import DB_FILE_NAME
 from bookie.storage_errors import DataDirInUse
+from proto import data_dir_lock
 
 __all__ = ["LOCK_FILE_NAME", "lock_data_dir", "unlock_data_dir", "format_data_dir"]
 
@@ -30,29 +30,23 @@ LOCK_FILE_NAME = "LOCK"
 
 
 def lock_data_dir(path: str) -> int:
-    """Hold ``<path>/LOCK`` (flock, released when the process dies) naming our pid.
+    """Hold ``<path>/LOCK`` (flock, released when the process dies) naming our pid
+    (:func:`proto.data_dir_lock.lock_data_dir`; the lock of a dead bookie is taken over).
 
     ``path``: the data directory (must exist). Returns the lock's file
     descriptor, to pass to :func:`unlock_data_dir`. Raises
-    :class:`bookie.storage.DataDirInUse` (with the holder's pid) when another
-    process holds it, ``OSError`` when the file cannot be opened."""
-    fd = os.open(os.path.join(path, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    :class:`bookie.storage.DataDirInUse` (with the holder's pid and how to stop it)
+    when another process holds it, ``OSError`` when the file cannot be opened."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise DataDirInUse(f"data dir {path} is in use by another bookie process (pid {holder})") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        return data_dir_lock.lock_data_dir(path, "bookie", LOCK_FILE_NAME)
+    except data_dir_lock.DataDirLocked as exc:
+        raise DataDirInUse(str(exc)) from None
 
 
 def unlock_data_dir(fd: int | None) -> None:
     """Release the lock taken by :func:`lock_data_dir` (``fd``; None: nothing held). Never raises
     for a valid descriptor."""
-    if fd is not None:
-        os.close(fd)
+    data_dir_lock.unlock_data_dir(fd)
 
 
 def format_data_dir(path: str) -> None:

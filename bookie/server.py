@@ -498,7 +498,11 @@ class BookieServer:
         try:
             port = add_server_port(server, target, self.security)
         except RuntimeError as exc:
-            raise RuntimeError(f"cannot bind bookie to {target}: {exc}") from exc
+            from proto.process_info import describe_pid, pids_listening_on, stop_hint
+
+            holders = pids_listening_on(self.config.port) if self.config.port else []
+            who = f" (held by {', '.join(map(describe_pid, holders))}; {stop_hint(holders)})" if holders else ""
+            raise RuntimeError(f"cannot bind bookie to {target}: {exc}{who}") from exc
         self.port = port
         try:
             await self.storage.open(self.address, format=self.format, create_cookie=self.create_cookie)

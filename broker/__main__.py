@@ -114,8 +114,13 @@ def run_from_args(args) -> int:
     except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit, never a hung process
         logging.getLogger(__name__).debug("start failed", exc_info=True)
         if "Failed to bind" in str(exc):
-            reason = (f"cannot listen on {config.bind_address}:{config.broker_service_port} (is another process "
-                      f"using the port? choose another with --port, or 0 for any free port)")
+            from proto.process_info import describe_pid, pids_listening_on, stop_hint
+
+            holders = pids_listening_on(config.broker_service_port) if config.broker_service_port else []
+            who = (f"it is held by {', '.join(describe_pid(p) for p in holders)}: {stop_hint(holders)}, or"
+                   if holders else "is another process using the port?")
+            reason = (f"cannot listen on {config.bind_address}:{config.broker_service_port} ({who} "
+                      f"choose another with --port, or 0 for any free port)")
         else:
             reason = f"{exc}" if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         print(f"broker: cannot start: {reason}", file=sys.stderr)

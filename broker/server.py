@@ -43,6 +43,10 @@ def service_class():
     return GeoBrokerService
 
 
+# the broker's data-dir lock file (an flock naming the holder's pid, see proto.data_dir_lock)
+BROKER_LOCK_FILE_NAME = "broker.lock"
+
+
 class BrokerServer:
     """Start/stop a broker. After ``start()``: ``port`` (gRPC), ``http_port``, ``service``."""
 
@@ -65,6 +69,7 @@ class BrokerServer:
         self.service: Optional[BrokerService] = None
         self._server = None
         self._http = None
+        self._lock_fd = None    # <data_dir>/broker.lock while started (proto.data_dir_lock)
 
     @property
     def service_url(self) -> str:
@@ -78,9 +83,14 @@ class BrokerServer:
         """Open the metadata store (``<data_dir>/metadata.db``) and the bookie client, bind the
         gRPC port, register this cluster's service URL, start the BrokerService, serve gRPC and
         the HTTP /metrics endpoint. Raises OSError (or grpc's RuntimeError "Failed to bind") when
-        the port cannot be bound; after a failure ``stop()`` releases what was started."""
+        the port cannot be bound, :class:`proto.data_dir_lock.DataDirLocked` (an OSError naming
+        the holder's pid) when another broker uses ``data_dir``; after a failure ``stop()``
+        releases what was started."""
         c = self.config
         os.makedirs(c.data_dir, exist_ok=True)
+        from proto.data_dir_lock import lock_data_dir
+        # one broker per data dir (raises DataDirLocked, an OSError naming the holder's pid)
+        self._lock_fd = lock_data_dir(c.data_dir, "broker", BROKER_LOCK_FILE_NAME)
         self.metadata = await open_metadata_store(c.metadata_store_url,
                                                   default_sqlite_path=os.path.join(c.data_dir, "metadata.db"),
                                                   session_timeout_ms=c.metadata_store_session_timeout_millis)
@@ -235,3 +245,7 @@ class BrokerServer:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+        if self._lock_fd is not None:
+            from proto.data_dir_lock import unlock_data_dir
+            unlock_data_dir(self._lock_fd)
+            self._lock_fd = None

@@ -21,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from proto import lifeline
 from proto.common import run_async
+from proto.data_dir_lock import lock_data_dir, lock_holder, unlock_data_dir
+from proto.process_info import command_line, describe_pid, is_alive, pids_listening_on, stop_hint
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +49,16 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def start_bookie_process(data_dir: Path, port: int, journal_sync: bool, log_file: Path,
                          timeout_s: float = 30.0) -> subprocess.Popen:
-    """Start ``python -m bookie`` and wait for its BOOKIE_READY line; RuntimeError
-    with the tail of its log when it does not come up."""
+    """Start ``python -m bookie`` (dies with this process, see :mod:`proto.lifeline`) and wait
+    for its BOOKIE_READY line; RuntimeError with the tail of its log when it does not come up."""
     cmd = [sys.executable, "-m", "bookie", "--port", str(port), "--data-dir", str(data_dir)]
     if not journal_sync:
         cmd.append("--no-journal-sync")
     err = open(log_file, "ab")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+    # its own session (Ctrl-C in the terminal reaches only the standalone, which stops it cleanly),
+    # and tied to this process: SIGKILL when the standalone dies without stopping it (proto.lifeline)
+    proc = lifeline.popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+    err.close()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -110,17 +116,71 @@ _STANDALONE_KEYS = {"cluster_name": "--cluster-name", "bookies": "--bookies N st
                     "managed_ledger_default_ack_quorum": "min(2, --bookies)"}
 
 
+# the standalone's data-dir lock (``<data-dir>/standalone.lock``, see proto.data_dir_lock)
+STANDALONE_LOCK_FILE_NAME = "standalone.lock"
+
+
+def stop_orphan_bookies(data: Path, n_bookies: int, timeout_s: float = 15.0) -> list[int]:
+    """Stop the bookies left running on ``<data>/bookie-<i>`` by a standalone that died
+    without stopping them (the caller holds the standalone lock, so no live standalone owns
+    them): SIGTERM, SIGKILL after ``timeout_s``. A bookie is recognized by the pid in its data
+    dir's held lock and its command line naming that dir. Returns the pids stopped."""
+    from bookie.data_dir import LOCK_FILE_NAME
+
+    found = []
+    for i in range(n_bookies):
+        bdir = data / f"bookie-{i}"
+        pid = lock_holder(bdir, LOCK_FILE_NAME)
+        if pid is None or pid == os.getpid() or str(bdir) not in (command_line(pid, limit=10_000) or ""):
+            continue
+        print(f"standalone: stopping bookie {describe_pid(pid)} left running on {bdir} by a standalone "
+              f"that did not stop it", file=sys.stderr, flush=True)
+        try:
+            os.kill(pid, signal.SIGCONT)    # a stopped (SIGSTOP) bookie could not act on SIGTERM
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        found.append(pid)
+    deadline = time.monotonic() + timeout_s
+    for pid in found:
+        while is_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if is_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for pid in found:
+        while is_alive(pid) and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+    return found
+
+
 async def run(args) -> int:
-    """Run the standalone for parsed ``args`` until SIGTERM / SIGINT: reuse or choose the bookie
-    ports (``standalone.json``), check the config, start the bookie processes and the broker,
-    create ``public/default``, print the ready lines; stop everything on the way out. Returns
-    the exit status: 2 for a bad configuration, 1 when a bookie port is in use, 0 after a stop.
-    A bookie or broker that does not start raises (RuntimeError, OSError, ...)."""
+    """Run the standalone for parsed ``args`` until SIGTERM / SIGINT: lock the data dir
+    (``standalone.lock``), stop bookies a killed standalone left on it, reuse or choose the
+    bookie ports (``standalone.json``), check the config, start the bookie processes (tied to
+    this process: they die with it, :mod:`proto.lifeline`) and the broker, create
+    ``public/default``, print the ready lines; stop everything on the way out. Returns the exit
+    status: 2 for a bad configuration, 1 when a bookie port is in use (the message names the
+    holder's pid), 0 after a stop. Raises :class:`proto.data_dir_lock.DataDirLocked` when
+    another standalone uses the data dir; a bookie or broker that does not start raises
+    (RuntimeError, OSError, ...)."""
+    data = Path(args.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    # one standalone per data dir; the lock of a killed standalone is taken over (raises DataDirLocked)
+    lock_fd = lock_data_dir(data, "standalone", STANDALONE_LOCK_FILE_NAME)
+    try:
+        return await _run_locked(args, data)
+    finally:
+        unlock_data_dir(lock_fd)
+
+
+async def _run_locked(args, data: Path) -> int:
+    """:func:`run` once this process holds the data dir's lock."""
     from broker.config import ConfigError
     from broker.server import BrokerServer
 
-    data = Path(args.data_dir).resolve()
-    data.mkdir(parents=True, exist_ok=True)
     state_file = data / "standalone.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     ports = state.get("bookie_ports") or []
@@ -134,10 +194,13 @@ async def run(args) -> int:
         from broker.__main__ import print_config_error
         print_config_error("standalone", exc)
         return 2
+    stop_orphan_bookies(data, len(ports))
     busy = [p for p in ports if not port_is_free(p)]
     if busy:
-        print(f"standalone: bookie port(s) {busy} are in use (another standalone on {data}?); "
-              f"stop it first", file=sys.stderr)
+        holders = sorted({pid for p in busy for pid in pids_listening_on(p)})
+        who = (f"held by {', '.join(describe_pid(p) for p in holders)}; {stop_hint(holders)}"
+               if holders else "by a process this user cannot see; stop it first")
+        print(f"standalone: bookie port(s) {busy} of {data} are in use, {who}", file=sys.stderr)
         return 1
     state["bookie_ports"] = ports
     state_file.write_text(json.dumps(state))

@@ -45,6 +45,14 @@ before issue 23) and in the EntryCache.
     .venv/bin/python scripts/soak.py --scenario idle --topics 500 --consumers 500
     .venv/bin/python scripts/soak.py --scenario gc --entries 200000   # CPU of a full GC, cache layouts
     .venv/bin/python scripts/soak.py --aggregate runs-*.jsonl       # median/range per --label of saved runs
+
+``--scenario mixed`` (issue 16, :mod:`soak_mixed`) instead runs every subscription type with
+acks and nacks on a 3-bookie cluster replicating one topic to a second cluster, with one
+fault every ``--fault-every`` s (kill -9 / restart of a bookie and of the broker, SIGSTOP of a
+bookie, the geo link cut), and prints throughput, p99, faults survived, messages lost and
+duplicated (must be 0) and the RSS and open fds of every process at the start and the end::
+
+    .venv/bin/python scripts/soak.py --scenario mixed --runs 1 --duration 1800 --fault-every 45 --rate 300
 """
 from __future__ import annotations
 
@@ -485,11 +493,16 @@ def gc_cost(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", choices=["soak", "idle", "gc"], default="soak")
+    p.add_argument("--scenario", choices=["soak", "idle", "gc", "mixed"], default="soak",
+                   help="mixed: every subscription type, acks, nacks, a geo pair and a fault every "
+                        "--fault-every s; prints lost / duplicated (must be 0), RSS and fds (scripts/soak_mixed.py)")
+    p.add_argument("--fault-every", type=float, default=45.0, help="mixed scenario: seconds between faults")
+    p.add_argument("--mixed-topics", type=int, default=4,
+                   help="mixed scenario: local topics (subscription types in turn), plus one geo-replicated")
     p.add_argument("--entries", type=int, default=200_000, help="gc scenario: cached entries (default 200,000)")
     p.add_argument("--repo", default=str(REPO), help="the minipulsar checkout to run (default: this one)")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--rate", type=float, default=5000.0, help="msg/s (default 5000)")
+    p.add_argument("--rate", type=float, default=None, help="msg/s (default 5000; mixed scenario: 300 in all)")
     p.add_argument("--size", type=int, default=100, help="message bytes (default 100)")
     p.add_argument("--batch-delay-ms", type=float, default=1.0)
     p.add_argument("--duration", type=float, default=600.0, help="seconds of load per run (default 600)")
@@ -528,6 +541,28 @@ def aggregate_files(paths: list[str]) -> None:
             progress(f"{label} {k}: median {v['median']} (range {v['min']} - {v['max']}, n={v['n']})")
 
 
+def mixed(args) -> int:
+    """``--scenario mixed`` (scripts/soak_mixed.py), ``--runs`` times: one JSON line per run
+    (without the raw samples unless --label ends with ``+samples``), then the aggregate line.
+    Exit status 1 when a run lost or duplicated a message or did not survive a fault."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import soak_mixed
+
+    results, ok = [], True
+    for run in range(1, args.runs + 1):
+        res = asyncio.run(soak_mixed.run_mixed(args))
+        soak_mixed.print_report(res)
+        res["run"], res["label"] = run, args.label
+        if not args.label.endswith("+samples"):
+            res.pop("samples")
+        ok = ok and res["summary"]["ok"]
+        results.append(res)
+        print(json.dumps(res, sort_keys=True), flush=True)
+    print(json.dumps({"label": args.label, "scenario": "mixed", "runs": len(results), "aggregate": aggregate(results)},
+                     sort_keys=True), flush=True)
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--probe":
@@ -540,6 +575,10 @@ def main(argv: list[str] | None = None) -> int:
         aggregate_files(args.aggregate)
         return 0
     sys.path.insert(0, str(REPO))
+    if args.rate is None:
+        args.rate = 300.0 if args.scenario == "mixed" else 5000.0
+    if args.scenario == "mixed":
+        return mixed(args)
     results = []
     for run in range(1, args.runs + 1):
         res = {"soak": soak_once, "idle": idle_once, "gc": lambda a, r: gc_cost(a)}[args.scenario](args, run)

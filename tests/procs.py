@@ -4,7 +4,8 @@ A server process prints one line ``<NAME>_READY port=<port> pid=<pid>`` on
 stdout once it listens. :class:`ServerProcess` starts the command, waits for
 that line and exposes the port; stdout and stderr go to log files in the data
 dir (``<name>.stdout.log`` / ``<name>.stderr.log``, appended across
-restarts) so a failure can be inspected. Processes register with an optional
+restarts) so a failure can be inspected. Every process dies with the test
+process, however it dies (:func:`proto.lifeline.popen`). Processes register with an optional
 :class:`ProcessTracker`, which kills them all at test teardown (see the
 ``bookie_factory`` / ``process_tracker`` fixtures in ``tests/conftest.py``).
 
@@ -21,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from proto import lifeline
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_READY_TIMEOUT_S = 30.0
@@ -52,6 +55,7 @@ class ServerProcess:
 
     name = "server"
     ready_prefix = "SERVER_READY"
+    start_new_session = False   # True: the process leads its own session and process group
 
     def __init__(self, data_dir: str | os.PathLike, extra_args=(), tracker: ProcessTracker | None = None,
                  ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> None:
@@ -98,8 +102,9 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         with open(self.stdout_log, "ab") as out, open(self.stderr_log, "ab") as err:
-            self.popen = subprocess.Popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                          cwd=str(REPO_ROOT), env=env)
+            # dies with the test process, however it dies (proto.lifeline)
+            self.popen = lifeline.popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                        cwd=str(REPO_ROOT), env=env, start_new_session=self.start_new_session)
         if self.tracker is not None:
             self.tracker.add(self)
         pattern = re.compile(rf"^{re.escape(self.ready_prefix)} port=(\d+) pid=(\d+)(?: [^\n]*)?\r?\n", re.M)
@@ -369,7 +374,7 @@ class EtcdProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "etcd.log", "ab")
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
-        self.popen = subprocess.Popen(self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+        self.popen = lifeline.popen(self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         log.close()
         if self.tracker is not None:
             self.tracker.add(self)  # type: ignore[arg-type]
