@@ -173,6 +173,16 @@ async def bookie_last_entry(address: str, ledger_id: int) -> int:
         return resp.last_entry_id
 
 
+async def bookie_read(address: str, ledger_id: int, first: int, last: int) -> list[bytes]:
+    """Entries ``first..last`` of ``ledger_id`` as bookie ``address`` stores them (raises AioRpcError)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        out = []
+        async for resp in bookie_pb2_grpc.BookieStub(channel).ReadEntries(
+                bookie_pb2.ReadEntriesRequest(ledger_id=ledger_id, first_entry_id=first, last_entry_id=last), timeout=10):
+            out.extend(e.payload for e in resp.entries)
+        return out
+
+
 async def bookie_info(address: str) -> bookie_pb2.BookieInfo:
     async with grpc.aio.insecure_channel(address) as channel:
         return await bookie_pb2_grpc.BookieStub(channel).GetBookieInfo(bookie_pb2.BookieInfoRequest(), timeout=5)

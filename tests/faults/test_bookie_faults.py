@@ -15,7 +15,8 @@ import asyncio
 
 import pytest
 
-from tests.faults.harness import Workload, bookie_info
+from client.admin import AdminClient
+from tests.faults.harness import Workload, bookie_info, bookie_last_entry, bookie_read
 from tests.procs import start_bookie
 
 pytestmark = pytest.mark.timeout(150)
@@ -50,9 +51,14 @@ async def test_two_bookies_killed_one_after_the_other(fault_cluster):
         await w.run_for(1.0)
         second = next(i for i in await cluster.open_ledger_ensemble(w.topic) if i != first)
         w.fault(f"kill -9 bookie-{second}")
-        cluster.kill_bookie(second)
+        cluster.kill_bookie(second)      # two of four bookies down: the two left form the ensemble
         await w.run_for(4.0)
-        await w.finish("two bookies killed in turn", "2 x SIGKILL bookie (the second after the first ensemble change)",
+        # both come back (a supervisor restarts a killed process): entries whose two replicas
+        # were on the killed pair are readable again
+        await asyncio.to_thread(cluster.restart_bookie, first)
+        await asyncio.to_thread(cluster.restart_bookie, second)
+        await w.run_for(1.0)
+        await w.finish("two bookies killed in turn", "2 x SIGKILL bookie (both down at once), restarted after 4 s",
                        serve_bound_s=30)
     finally:
         await w.close()
@@ -100,6 +106,13 @@ async def test_bookie_disk_full(fault_cluster):
         info = await bookie_info(full)
         assert "disk full" in info.read_only_reason, info.read_only_reason
         await w.run_for(3.0)
+        # the read-only bookie still serves reads of the ledgers it holds
+        async with AdminClient(cluster.service_url) as admin:
+            ledgers = [lg["ledgerId"] for lg in (await admin.get_internal_stats(w.topic))["ledgers"]]
+        held = [(lid, last) for lid in ledgers if (last := await bookie_last_entry(full, lid)) >= 0]
+        assert held, "the capped bookie holds none of the topic's ledgers"
+        for lid, last in held:
+            assert len(await bookie_read(full, lid, 0, last)) == last + 1
         row = await w.finish("bookie disk full (SQLITE_FULL)", "database cap 160 KiB: read-only, adds fail over",
                              serve_bound_s=30)
         assert row.acknowledged > 0
@@ -124,9 +137,10 @@ async def test_bookie_database_damaged_at_start(fault_cluster, damage):
         db = _ledger_db(cluster.bookies[victim].data_dir)
         _damage(db, damage)
         with pytest.raises(RuntimeError) as err:
-            start_bookie(cluster.bookies[victim].data_dir, extra_args=("--port", str(cluster.bookies[victim].port)),
-                         tracker=cluster.tracker)
+            await asyncio.to_thread(start_bookie, cluster.bookies[victim].data_dir,
+                                    extra_args=("--port", str(cluster.bookies[victim].port)), tracker=cluster.tracker)
         assert str(db) in str(err.value), err.value
+        print(f"\nrefused start ({damage}): {str(err.value).strip().splitlines()[-1]}")
         await w.run_for(3.0)
         await w.finish(f"bookie database {damage} at start", f"SIGKILL + {damage} file: restart refused",
                        serve_bound_s=30)
