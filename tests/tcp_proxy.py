@@ -46,6 +46,9 @@ class _Side(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.conn.closed:          # refused (or cut) before the socket was set up: reset it now
+            transport.abort()
+            return
         if self.conn.proxy.held:
             transport.pause_reading()
 
@@ -228,10 +231,13 @@ class TcpProxy:
         """While True, new connections are reset as soon as they are accepted."""
         self.refusing = refusing
 
-    async def flap(self, down_s: float, up_s: float, times: int) -> None:
+    async def flap(self, down_s: float, up_s: float, times: int, on_down=None) -> None:
         """A flapping link: ``times`` x (cut every connection and refuse new ones for
-        ``down_s`` seconds, then forward for ``up_s`` seconds)."""
+        ``down_s`` seconds, then forward for ``up_s`` seconds). ``on_down()``, if given,
+        is called at each cut."""
         for _ in range(times):
+            if on_down is not None:
+                on_down()
             self.cut()
             self.refuse(True)
             await asyncio.sleep(down_s)

@@ -115,8 +115,7 @@ async def test_link_flapping(linked):
     w = await _workload(a, b).start()
     try:
         await w.run_for(2.0)
-        w.fault("link a->b flapping: 4 x (down 1 s, up 1.5 s)")
-        flapping = asyncio.create_task(proxy.flap(1.0, 1.5, 4))
+        flapping = asyncio.create_task(proxy.flap(1.0, 1.5, 4, on_down=lambda: w.fault("link a->b down 1 s")))
         await _wait_disconnected(a, w.topic)
         await flapping
         await w.run_for(2.0)
