@@ -86,12 +86,14 @@ async def test_slow_bookie_paused_longer_than_the_add_timeout(fault_cluster):
 
 async def test_bookie_disk_full(fault_cluster):
     """Bookie 0's database is capped (SQLite ``max_page_count``) and its disk monitor is
-    off (threshold 1.0): its adds hit SQLITE_FULL, it turns read-only, the writer replaces
+    out of the way (threshold 1.0, checks hourly; else it may turn the bookie read-only at
+    100 % first): its adds hit SQLITE_FULL, it turns read-only, the writer replaces
     it; it still serves reads and nothing acknowledged is lost. Ledgers roll over every 200
     entries so that the small bookie is in some ensemble (E=2 of 3) early."""
     cluster = fault_cluster(3, bookie_args={0: ("--max-db-size-bytes", str(160 * 1024),
                                                 "--disk-usage-threshold", "1.0",
-                                                "--disk-usage-lwm-threshold", "1.0")},
+                                                "--disk-usage-lwm-threshold", "1.0",
+                                                "--disk-check-interval-s", "3600")},
                             managed_ledger_max_entries_per_ledger=200,
                             managed_ledger_min_ledger_rollover_time_minutes=0)
     await cluster.create_namespace()

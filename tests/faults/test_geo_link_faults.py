@@ -30,7 +30,8 @@ DEDUP = "broker_deduplication_enabled = true\n"
 @pytest.fixture
 async def linked(tmp_path, process_tracker):
     """Clusters a and b (standalone processes, dedup on); a reaches b through a proxy."""
-    a, b = await asyncio.to_thread(start_clusters, tmp_path, ["a", "b"], process_tracker, DEDUP)
+    (a,), (b,) = await asyncio.gather(*(asyncio.to_thread(start_clusters, tmp_path, [name], process_tracker, DEDUP)
+                                        for name in ("a", "b")))      # in parallel
     await connect_clusters([a, b], "geo", "ns", ["a", "b"])
     proxy = await TcpProxy.to_service_url(b.url).start()
     await a.admin("clusters.update", name="b", service_url=proxy.service_url)
