@@ -377,11 +377,26 @@ class Workload:
             await asyncio.sleep(0.1)
         while not self._all_delivered() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+        for name, task in zip(("producer", "consumer"), self._tasks):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self.details[f"{name}_task_error"] = repr(task.exception())   # the harness's own loop died
         self._tasks[1].cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._ack_tasks:
             await asyncio.wait(list(self._ack_tasks), timeout=20)
         stored = await self._read_stored()
+        lost_now = [i for i in self.acked_at if i not in self.delivered]
+        if lost_now:     # what the broker says of the subscription, to tell where they are stuck
+            try:
+                async with AdminClient(self.consume_url) as admin:
+                    sub = (await admin.get_stats(self.topic))["subscriptions"]["work"]
+                    internal = await admin.get_internal_stats(self.topic)
+                self.details["work_subscription"] = sub
+                self.details["work_cursor"] = internal["cursors"].get("work")
+                self.details["last_confirmed"] = internal["lastConfirmedEntry"]
+                self.details["undelivered_ids"] = {i: str(self.acked_ids[i]) for i in sorted(lost_now)[:10]}
+            except Exception as exc:   # diagnostics only
+                self.details["stats_error"] = repr(exc)
         await self.close()
 
         acked = set(self.acked_at)
@@ -400,7 +415,8 @@ class Workload:
                    "deliveries": self.deliveries, "ack_failures": self.ack_failures,
                    "serve_times_s": [round(x, 2) for x in serve_times], **self.details})
         record(row)
-        assert not lost, f"{len(lost)} acknowledged messages never delivered, e.g. {lost[:10]}"
+        assert not any(k.endswith("_task_error") for k in self.details), self.details
+        assert not lost, f"{len(lost)} acknowledged messages never delivered, e.g. {lost[:10]}: {self.details}"
         assert not missing_in_store, f"{len(missing_in_store)} acknowledged messages not stored: {missing_in_store[:10]}"
         assert not duplicated, f"{len(duplicated)} messages stored twice, e.g. {duplicated[:10]}"
         assert order_ok, "the producer's order is not kept in the stored topic"
