@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from client.entry_format import encode_entry
-from proto import bookie_pb2, broker_pb2
+from proto import broker_pb2
 from proto.common import GRPC_MAX_MESSAGE_BYTES
 from proto.pulsar_api_pb2 import MessageMetadata
 from tests.faults.harness import Workload
