@@ -38,6 +38,9 @@ class BrokerConfig(ManagedLedgerSettings):
     # multi-megabyte body held the event loop while it was parsed; no admin verb needs 1 MiB
     http_max_request_size: int = 1024 * 1024
     dispatcher_max_read_batch_size: int = 100                       # entries per cursor read
+    # a dispatcher's failed read is tried again after this backoff (ms), doubling up to the max
+    dispatcher_read_failure_backoff_initial_time_in_ms: int = 15000
+    dispatcher_read_failure_backoff_max_time_in_ms: int = 60000
     max_unacked_messages_per_consumer: int = 50000
     enable_fault_injection: bool = False                            # tests: admin topics.inject_send_failure
     # bookie client: an add a bookie has not answered in this time (s) counts as that bookie
@@ -295,6 +298,8 @@ _MIN_VALUES: dict[str, float] = {
     "max_message_size": 1,
     "http_max_request_size": 1024,
     "dispatcher_max_read_batch_size": 1,
+    "dispatcher_read_failure_backoff_initial_time_in_ms": 1,
+    "dispatcher_read_failure_backoff_max_time_in_ms": 1,
     "max_unacked_messages_per_consumer": 0,               # 0 = unlimited (Pulsar)
     "replication_policy_check_duration_seconds": 1,
     "replication_producer_queue_size": 1,

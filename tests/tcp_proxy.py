@@ -11,7 +11,13 @@ path on purpose:
   in socket buffers, so the sender believes it was sent (a stalled link, a
   stream broken before anyone noticed);
 - ``refuse(True)``: abort new connections as soon as they are accepted (the
-  broker looks down) until ``refuse(False)``.
+  broker looks down) until ``refuse(False)``;
+- ``delay_s = 0.2``: forward every chunk, both directions, that much later (a
+  slow link; order kept), until set back to 0;
+- ``await flap(down_s, up_s, times)``: cut and refuse for ``down_s``, forward
+  for ``up_s``, ``times`` times (a flapping link);
+- ``cut_after_bytes(n)``: forward ``n`` more client bytes, then reset every
+  connection (a stream cut in the middle of a message).
 
 Runs on the test's event loop: ``proxy = await TcpProxy("127.0.0.1", port).start()``,
 ``await proxy.close()`` at the end.
@@ -19,6 +25,7 @@ Runs on the test's event loop: ``proxy = await TcpProxy("127.0.0.1", port).start
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 
 __all__ = ["TcpProxy"]
@@ -34,9 +41,14 @@ class _Side(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: "_Side | None" = None
         self._early: list[bytes] = []  # client bytes read before the upstream socket exists
+        self._delayed: collections.deque = collections.deque()   # (due loop time, bytes) while delay_s > 0
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.conn.closed:          # refused (or cut) before the socket was set up: reset it now
+            transport.abort()
+            return
         if self.conn.proxy.held:
             transport.pause_reading()
 
@@ -45,9 +57,42 @@ class _Side(asyncio.Protocol):
         if peer is None or peer.transport is None:
             self._early.append(data)
             return
+        proxy = self.conn.proxy
+        if self is self.conn.client and proxy._cut_budget is not None:
+            if len(data) >= proxy._cut_budget:
+                peer.transport.write(data[:proxy._cut_budget])
+                proxy._cut_budget = None
+                asyncio.get_running_loop().call_soon(proxy.cut)
+                return
+            proxy._cut_budget -= len(data)
+        if proxy.delay_s > 0 or self._delayed:
+            self._delay(data)
+            return
         peer.transport.write(data)
 
+    def _delay(self, data: bytes) -> None:
+        """Forward ``data`` ``delay_s`` from now, after what is already delayed (order kept)."""
+        loop = asyncio.get_running_loop()
+        self._delayed.append((loop.time() + self.conn.proxy.delay_s, data))
+        if self._timer is None:
+            self._timer = loop.call_at(self._delayed[0][0], self._flush_delayed)
+
+    def _flush_delayed(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        peer = self.peer
+        while self._delayed and self._delayed[0][0] <= loop.time():
+            _, data = self._delayed.popleft()
+            if peer is not None and peer.transport is not None and not peer.transport.is_closing():
+                peer.transport.write(data)
+        if self._delayed:
+            self._timer = loop.call_at(self._delayed[0][0], self._flush_delayed)
+
     def connection_lost(self, exc) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._delayed.clear()
         self.conn.close()
 
 
@@ -117,6 +162,8 @@ class TcpProxy:
         self.refusing = False
         self.cuts = 0
         self.accepted = 0
+        self.delay_s = 0.0
+        self._cut_budget: int | None = None
         self._connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -183,6 +230,24 @@ class TcpProxy:
     def refuse(self, refusing: bool = True) -> None:
         """While True, new connections are reset as soon as they are accepted."""
         self.refusing = refusing
+
+    async def flap(self, down_s: float, up_s: float, times: int, on_down=None) -> None:
+        """A flapping link: ``times`` x (cut every connection and refuse new ones for
+        ``down_s`` seconds, then forward for ``up_s`` seconds). ``on_down()``, if given,
+        is called at each cut."""
+        for _ in range(times):
+            if on_down is not None:
+                on_down()
+            self.cut()
+            self.refuse(True)
+            await asyncio.sleep(down_s)
+            self.refuse(False)
+            await asyncio.sleep(up_s)
+
+    def cut_after_bytes(self, n: int) -> None:
+        """Forward ``n`` more bytes from clients, then reset every connection (a stream
+        cut mid-message when ``n`` ends inside one)."""
+        self._cut_budget = n
 
     async def close(self) -> None:
         """Stop listening and reset every connection."""

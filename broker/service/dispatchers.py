@@ -165,6 +165,7 @@ class Dispatcher:
         self._avg_messages_per_entry = 1.0
         self._avg_entry_bytes = float(INITIAL_AVG_ENTRY_BYTES)   # sizes reads to the consumers' room
         self._dispatched = 0
+        self._read_failures = 0  # reads failed in a row (read failure backoff)
         self.paused = False     # during a seek, until its answer went out
 
     # ---- lifecycle --------------------------------------------------------
@@ -254,13 +255,18 @@ class Dispatcher:
                 n_entries = max(1, min(self.max_read_batch, int(permits / max(1.0, self._avg_messages_per_entry)),
                                        int(READ_BYTES / max(1.0, self._avg_entry_bytes))))
                 from_replay = bool(self.replay)
-                if from_replay:
-                    entries = await self._read_replay(n_entries, READ_BYTES)
-                else:
-                    entries = await self.cursor.read_entries(n_entries, READ_BYTES)
-                    if not entries:
-                        await self._wait(self.cursor.read_position)
-                        continue
+                try:
+                    if from_replay:
+                        entries = await self._read_replay(n_entries, READ_BYTES)
+                    else:
+                        entries = await self.cursor.read_entries(n_entries, READ_BYTES)
+                except Exception as exc:  # noqa: BLE001 - Pulsar's readEntriesFailed: back off, read again
+                    await self._read_failed(exc)
+                    continue
+                self._read_failures = 0
+                if not from_replay and not entries:
+                    await self._wait(self.cursor.read_position)
+                    continue
                 if epoch != self._epoch:
                     continue
                 items = self._prepare(entries)
@@ -305,9 +311,40 @@ class Dispatcher:
             if not wake.done():
                 wake.cancel()
 
+    async def _read_failed(self, exc: BaseException) -> None:
+        """Pulsar's ``readEntriesFailed``: a read that failed (bookies unavailable, a ledger
+        that cannot be opened yet) is tried again after a backoff,
+        ``dispatcher_read_failure_backoff_initial_time_in_ms`` doubling up to
+        ``dispatcher_read_failure_backoff_max_time_in_ms``, or as soon as the loop is woken (a
+        flow, a consumer change). The dispatch loop never ends on a read error: before, it
+        did, and the subscription got nothing more until its consumer reconnected. The read
+        position did not move and replay positions went back to the replay set, so the
+        retry reads the same entries."""
+        conf = self.subscription.topic.config
+        initial_s = getattr(conf, "dispatcher_read_failure_backoff_initial_time_in_ms", 15000) / 1000.0
+        max_s = getattr(conf, "dispatcher_read_failure_backoff_max_time_in_ms", 60000) / 1000.0
+        delay = min(max_s, initial_s * (2 ** min(self._read_failures, 16)))
+        self._read_failures += 1
+        log.warning("[%s][%s] error reading entries: %s; reading again in %.1f s", self.subscription.topic.name,
+                    self.subscription.name, exc, delay)
+        if self._closed:
+            return
+        self._wakeup.clear()       # only what happens from now on ends the wait early
+        wake = asyncio.get_running_loop().create_future()
+        self._wake_future = wake
+        timer = asyncio.get_running_loop().call_later(delay, lambda: wake.done() or wake.set_result(None))
+        try:
+            await wake
+        finally:
+            self._wake_future = None
+            timer.cancel()
+            if not wake.done():
+                wake.cancel()
+
     async def _read_replay(self, max_entries: int, max_bytes: int = READ_BYTES) -> list[Entry]:
         """Read up to ``max_entries`` of the lowest replay positions (about
-        ``max_bytes`` at most: what is not read goes back to the replay set)."""
+        ``max_bytes`` at most: what is not read goes back to the replay set). A failed
+        read puts every taken position back into the replay set and raises."""
         positions = self.replay.take(max_entries)
         ml = self.cursor.ml
         out: list[Entry] = []
@@ -324,10 +361,10 @@ class Dispatcher:
             if not self.cursor.is_acknowledged(positions[i]) or j > i:
                 try:
                     entries = await ml.read_entries(positions[i], j - i + 1)
-                except Exception as exc:
-                    log.warning("[%s][%s] replay read of %s failed: %s", self.subscription.topic.name,
-                                self.subscription.name, positions[i], exc)
-                    entries = []
+                except Exception:
+                    # not read: nothing taken may be dropped (it would never be redelivered)
+                    self.replay.update([*positions[i:], *(e.position for e in out)])
+                    raise
                 wanted = set(positions[i:j + 1])
                 for e in entries:
                     if e.position in wanted and not self.cursor.is_acknowledged(e.position):
