@@ -33,12 +33,16 @@ ledgers (brokers keep nothing of their own). ``geo-net`` builds the image
 as deterministic YAML; a test fails when the committed file differs.
 
 ``--tls`` (``docker-compose.tls.yml``, project ``minipulsar-geo-tls``): the stack
-of ``geo up --tls``. A one-shot ``geo-certs`` (``minipulsar geo certs``, as
+of ``geo up --tls``. ``geo-certs`` (``minipulsar geo certs``, as
 ``ensure_tls_material`` does) writes the demo CA and the node certificate once
 into the directory ``MINIPULSAR_COMPOSE_TLS_DIR`` (default ``./data/compose-tls``,
 a bind mount so the host gets the CA its clients trust), mounted at ``/tls``;
-the bookies, brokers and ``geo-setup`` mount it read-only and start after
-``geo-certs`` completed (``service_completed_successfully``). Bookies serve TLS
+the bookies, brokers and ``geo-setup`` mount it read-only and start once
+``geo-certs`` is healthy (``geo certs --check``: the files are there and load).
+``geo-certs`` then idles until stopped rather than exiting: podman-compose 1.6
+on podman 4.3 waits forever for ``service_completed_successfully`` (``podman
+wait --condition=stopped`` fails on an exited container), ``service_healthy``
+works with both engines. Bookies serve TLS
 only and require a client certificate of the CA, brokers serve TLS only (and use
 TLS to each other, to remote clusters and, with the node certificate, to the
 bookies), ``geo probe --tls-dir`` speaks TLS to both. The etcds stay plaintext
@@ -140,9 +144,13 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
     tls_args: list[str] = []    # --tls: the flag of `geo broker` / `geo setup`
     if tls:
         services[CERTS_SERVICE] = {
-            "image": IMAGE, "command": ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--topology", topo_path],
-            "volumes": [_tls_volume(read_only=False)], **_joined({}), "restart": "no"}
-        certs = {CERTS_SERVICE: {"condition": "service_completed_successfully"}}
+            "image": IMAGE, "command": ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--topology", topo_path,
+                                        "--keep-running"],
+            "volumes": [_tls_volume(read_only=False)], **_joined({}),
+            "healthcheck": {"test": ["CMD", "minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--check"],
+                            **HEALTHCHECK},
+            "restart": "unless-stopped"}
+        certs = {CERTS_SERVICE: {"condition": "service_healthy"}}
         tls_args = ["--tls-dir", TLS_MOUNT]
         topology = dataclasses.replace(topology, tls_dir=TLS_MOUNT)
     cs = topology.configuration_store
@@ -245,7 +253,7 @@ def render_compose(topology: Topology, project_root: Path = REPO_ROOT, tls: bool
     ]
     if tls:
         out += [
-            f"# Over TLS, as `geo up --tls`: the one-shot {CERTS_SERVICE} writes a demo CA and the node certificate once",
+            f"# Over TLS, as `geo up --tls`: {CERTS_SERVICE} writes a demo CA and the node certificate once",
             f"# into ${TLS_DIR_VARIABLE} (default {TLS_HOST_DIR_DEFAULT}, next to this file), which the bookies,",
             f"# brokers and geo-setup mount read-only at {TLS_MOUNT}; brokers and bookies serve TLS only, the bookies",
             "# require the node certificate (mutual TLS); clients on the host trust ca.cert.pem of that directory.",

@@ -468,18 +468,42 @@ def cmd_setup(args) -> int:
     return run_setup(topo, timeout_s=args.timeout)
 
 
+def _tls_material_complete(tls_dir: Path) -> bool:
+    """True when ``tls_dir`` holds a loadable CA certificate and node certificate + key."""
+    import ssl
+
+    try:
+        ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.cert.pem"))
+        ctx.load_cert_chain(str(tls_dir / "node.cert.pem"), str(tls_dir / "node.key.pem"))
+        return True
+    except (OSError, ssl.SSLError, ValueError):
+        return False
+
+
 def cmd_certs(args) -> int:
     """``geo certs --tls-dir DIR``: the demo CA and node certificate in DIR, created once
-    (the compose ``geo-certs`` service of ``docker-compose.tls.yml``)."""
+    (the compose ``geo-certs`` service of ``docker-compose.tls.yml``). ``--check``: only
+    exit 0 when they are there and load, 1 otherwise (its health check).
+    ``--keep-running``: then wait for SIGTERM/SIGINT and exit 0 (so compose can start the
+    others on ``service_healthy``: podman-compose cannot wait for
+    ``service_completed_successfully`` with podman 4.3)."""
     from deploy.tls_certs import TlsCertError
 
-    topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
     tls_dir = Path(args.tls_dir)
+    if args.check:
+        return 0 if _tls_material_complete(tls_dir) else 1
+    topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
     try:
         create_tls_material(topo, tls_dir)
     except (TlsCertError, OSError) as exc:
         raise GeoError(f"cannot create the TLS material in {tls_dir}: {exc}") from None
     _say(f"geo certs: CA and node certificate in {tls_dir} (clients trust {tls_dir / 'ca.cert.pem'})")
+    if args.keep_running:
+        stop = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.append(1))
+        while not stop:
+            signal.pause() if hasattr(signal, "pause") else time.sleep(1)
     return 0
 
 
@@ -648,6 +672,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     certs = sub.add_parser("certs", help="create the demo CA and node certificate in --tls-dir once (containers)")
     certs.add_argument("--tls-dir", required=True, metavar="DIR", help="where ca.cert.pem, node.cert.pem ... go")
     certs.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml): its host is a SAN")
+    certs.add_argument("--check", action="store_true", help="create nothing: exit 0 when the files are there and load")
+    certs.add_argument("--keep-running", action="store_true",
+                       help="then keep running until SIGTERM (a compose service others wait for, healthy)")
     certs.set_defaults(geo_func=cmd_certs)
 
 

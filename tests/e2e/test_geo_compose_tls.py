@@ -28,7 +28,7 @@ from tests.e2e.geo_helpers import REPO_ROOT, free_ports, geo
 from tests.procs import start_bookie
 
 TLS_FILE = "docker-compose.tls.yml"
-COMPLETED = {"condition": "service_completed_successfully"}
+HEALTHY = {"condition": "service_healthy"}
 
 
 # ---- the generated file ------------------------------------------------------------
@@ -55,12 +55,14 @@ def test_tls_compose_mounts_the_certificates_and_speaks_tls_everywhere():
     host_dir = f"${{{TLS_DIR_VARIABLE}:-./data/compose-tls}}"
     certs = services[CERTS_SERVICE]
     assert certs["command"][:5] == ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT]
-    assert certs["volumes"] == [f"{host_dir}:{TLS_MOUNT}"] and certs["restart"] == "no"
+    assert certs["command"][-1] == "--keep-running", "service_healthy, not service_completed_successfully (podman)"
+    assert certs["healthcheck"]["test"][1:] == ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--check"]
+    assert certs["volumes"] == [f"{host_dir}:{TLS_MOUNT}"]
     assert certs["depends_on"] == {"geo-net": {"condition": "service_started"}}
     ro = f"{host_dir}:{TLS_MOUNT}:ro"
     for name, svc in services.items():
         if name.startswith(("bookie-", "broker-")) or name == "geo-setup":
-            assert svc["depends_on"][CERTS_SERVICE] == COMPLETED, name
+            assert svc["depends_on"][CERTS_SERVICE] == HEALTHY, name
             assert ro in svc["volumes"], name
         elif name != CERTS_SERVICE:
             assert CERTS_SERVICE not in svc.get("depends_on", {}) and "/tls" not in str(svc), name
@@ -88,6 +90,9 @@ def test_probe_speaks_mutual_tls_to_a_bookie_and_certs_are_created_once(tmp_path
     again = geo("certs", "--tls-dir", str(tls), timeout=60)
     assert again.returncode == 0, again.stderr
     assert {f: (tls / f).read_bytes() for f in files} == files, "a restart of geo-certs keeps the CA"
+    assert geo("certs", "--tls-dir", str(tls), "--check", timeout=60).returncode == 0
+    assert geo("certs", "--tls-dir", str(tmp_path / "none"), "--check", timeout=60).returncode == 1
+    assert not (tmp_path / "none").exists(), "--check creates nothing"
     # a second CA: its node certificate is not trusted by the bookie, and it does not trust the bookie
     other = tmp_path / "other"
     assert geo("certs", "--tls-dir", str(other), timeout=60).returncode == 0
