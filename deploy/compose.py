@@ -31,16 +31,34 @@ ledgers (brokers keep nothing of their own). ``geo-net`` builds the image
 
 ``compose_model`` gives the file as data (tests inspect it), ``render_compose``
 as deterministic YAML; a test fails when the committed file differs.
+
+``--tls`` (``docker-compose.tls.yml``, project ``minipulsar-geo-tls``): the stack
+of ``geo up --tls``. ``geo-certs`` (``minipulsar geo certs``, as
+``ensure_tls_material`` does) writes the demo CA and the node certificate once
+into the directory ``MINIPULSAR_COMPOSE_TLS_DIR`` (default ``./data/compose-tls``,
+a bind mount so the host gets the CA its clients trust), mounted at ``/tls``;
+the bookies, brokers and ``geo-setup`` mount it read-only and start once
+``geo-certs`` is healthy (``geo certs --check``: the files are there and load).
+``geo-certs`` then idles until stopped rather than exiting: podman-compose 1.6
+on podman 4.3 waits forever for ``service_completed_successfully`` (``podman
+wait --condition=stopped`` fails on an exited container), ``service_healthy``
+works with both engines. Bookies serve TLS
+only and require a client certificate of the CA, brokers serve TLS only (and use
+TLS to each other, to remote clusters and, with the node certificate, to the
+bookies), ``geo probe --tls-dir`` speaks TLS to both. The etcds stay plaintext
+inside the shared namespace (nothing publishes their ports).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from deploy.cluster_plan import etcd_command
 from deploy.topology import Topology, port_variable
 
-__all__ = ["compose_model", "render_compose", "port_variable", "IMAGE", "PROJECT_NAME", "NETWORK_SERVICE"]
+__all__ = ["compose_model", "render_compose", "port_variable", "IMAGE", "PROJECT_NAME", "NETWORK_SERVICE",
+           "TLS_PROJECT_NAME", "CERTS_SERVICE", "TLS_MOUNT", "TLS_DIR_VARIABLE", "compose_file_name"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "minipulsar:latest"
@@ -50,6 +68,12 @@ CONFIGURATION_ETCD_SERVICE = "etcd-configuration"
 APP_DIR = "/app"       # where the Dockerfile copies the project
 HEALTHCHECK = {"interval": "5s", "timeout": "10s", "retries": 36, "start_period": "10s"}
 LOCAL = "127.0.0.1"    # inside the shared network namespace
+# --tls: the CA and node certificate, written once by geo-certs into a host directory
+TLS_PROJECT_NAME = "minipulsar-geo-tls"
+CERTS_SERVICE = "geo-certs"
+TLS_MOUNT = "/tls"                                  # where every container sees the directory
+TLS_DIR_VARIABLE = "MINIPULSAR_COMPOSE_TLS_DIR"     # the host directory (bind mount)
+TLS_HOST_DIR_DEFAULT = "./data/compose-tls"         # relative to the compose file's directory
 
 
 def _container_topology_path(topology: Topology, project_root: Path) -> str:
@@ -62,8 +86,21 @@ def _container_topology_path(topology: Topology, project_root: Path) -> str:
     return f"{APP_DIR}/{rel.as_posix()}"
 
 
-def _healthcheck(kind: str, address: str) -> dict:
-    return {"test": ["CMD", "minipulsar", "geo", "probe", kind, address], **HEALTHCHECK}
+def compose_file_name(tls: bool = False) -> str:
+    """``docker-compose.yml``, or ``docker-compose.tls.yml`` for the TLS stack."""
+    return "docker-compose.tls.yml" if tls else "docker-compose.yml"
+
+
+def _tls_volume(read_only: bool = True) -> str:
+    """The bind mount of the TLS directory: ``${MINIPULSAR_COMPOSE_TLS_DIR:-./data/compose-tls}:/tls[:ro]``."""
+    return f"${{{TLS_DIR_VARIABLE}:-{TLS_HOST_DIR_DEFAULT}}}:{TLS_MOUNT}" + (":ro" if read_only else "")
+
+
+def _healthcheck(kind: str, address: str, tls: bool = False) -> dict:
+    test = ["CMD", "minipulsar", "geo", "probe", kind, address]
+    if tls:
+        test += ["--tls-dir", TLS_MOUNT]
+    return {"test": test, **HEALTHCHECK}
 
 
 def _port(cluster: str, index: int, default: int) -> str:
@@ -83,11 +120,13 @@ def _etcd_service(data_volume: str, port: int, peer_port: int) -> dict:
             "healthcheck": _healthcheck("etcd", f"{LOCAL}:{port}"), "restart": "unless-stopped"}
 
 
-def compose_model(topology: Topology, project_root: Path = REPO_ROOT) -> dict:
+def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool = False) -> dict:
     """The compose file as a dict (``name``, ``services``, ``volumes``; services in
-    start order). Raises ValueError when the topology file is outside
-    ``project_root`` (the image would not contain it) or has no configuration store,
-    or its host is not 127.0.0.1 (every process shares one network namespace)."""
+    start order). ``tls``: the ``geo up --tls`` stack (see the module doc: ``geo-certs``,
+    the ``/tls`` bind mount, TLS flags and probes). Raises ValueError when the topology
+    file is outside ``project_root`` (the image would not contain it) or has no
+    configuration store, or its host is not 127.0.0.1 (every process shares one
+    network namespace)."""
     topo_path = _container_topology_path(topology, project_root)
     if topology.configuration_store is None:
         raise ValueError(f"{topology.source} has no [configuration_store]: the compose file runs the clusters "
@@ -101,6 +140,19 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT) -> dict:
              for c in topology.clusters for i, b in enumerate(c.brokers)]
     services[NETWORK_SERVICE] = {"build": ".", "image": IMAGE, "command": ["sleep", "infinity"], "init": True,
                                  "ports": ports, "restart": "unless-stopped"}
+    certs: dict = {}            # --tls: what every service using the certificates adds to depends_on
+    tls_args: list[str] = []    # --tls: the flag of `geo broker` / `geo setup`
+    if tls:
+        services[CERTS_SERVICE] = {
+            "image": IMAGE, "command": ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--topology", topo_path,
+                                        "--keep-running"],
+            "volumes": [_tls_volume(read_only=False)], **_joined({}),
+            "healthcheck": {"test": ["CMD", "minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--check"],
+                            **HEALTHCHECK},
+            "restart": "unless-stopped"}
+        certs = {CERTS_SERVICE: {"condition": "service_healthy"}}
+        tls_args = ["--tls-dir", TLS_MOUNT]
+        topology = dataclasses.replace(topology, tls_dir=TLS_MOUNT)
     cs = topology.configuration_store
     services[CONFIGURATION_ETCD_SERVICE] = _etcd_service(f"{CONFIGURATION_ETCD_SERVICE}-data", cs.port, cs.peer_port)
     volumes.append(f"{CONFIGURATION_ETCD_SERVICE}-data")
@@ -116,9 +168,12 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT) -> dict:
                    "--metadata-store-url", topology.metadata_store_url(c.name)]
             if not topology.journal_sync:
                 cmd.append("--no-journal-sync")
-            services[svc] = {"image": IMAGE, "command": cmd, "volumes": [f"{svc}-data:/data"],
-                             **_joined({c.etcd_service: healthy}),
-                             "healthcheck": _healthcheck("bookie", f"{LOCAL}:{port}"), "restart": "unless-stopped"}
+            cmd += topology.bookie_tls_args()
+            services[svc] = {"image": IMAGE, "command": cmd,
+                             "volumes": [f"{svc}-data:/data"] + ([_tls_volume()] if tls else []),
+                             **_joined({**certs, c.etcd_service: healthy}),
+                             "healthcheck": _healthcheck("bookie", f"{LOCAL}:{port}", tls),
+                             "restart": "unless-stopped"}
             volumes.append(f"{svc}-data")
         for i, b in enumerate(c.brokers):
             svc = c.broker_service(i)
@@ -129,16 +184,20 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT) -> dict:
             services[svc] = {
                 "image": IMAGE,
                 "command": ["minipulsar", "geo", "broker", "--topology", topo_path, "--cluster", c.name,
-                            "--index", str(i), "--compose", "--data-dir", "/data"],
-                "environment": {var: _port(c.name, i, b.port)}, **_joined(needs),
-                "healthcheck": _healthcheck("broker", f"{LOCAL}:{_port(c.name, i, b.port)}"),
+                            "--index", str(i), "--compose", "--data-dir", "/data", *tls_args],
+                "environment": {var: _port(c.name, i, b.port)}, **_joined({**certs, **needs}),
+                "healthcheck": _healthcheck("broker", f"{LOCAL}:{_port(c.name, i, b.port)}", tls),
                 "restart": "unless-stopped"}
+            if tls:
+                services[svc]["volumes"] = [_tls_volume()]
             brokers.append(svc)
     services["geo-setup"] = {
-        "image": IMAGE, "command": ["minipulsar", "geo", "setup", "--topology", topo_path, "--compose"],
-        "environment": env_all, **_joined({svc: {"condition": "service_healthy"} for svc in brokers}),
+        "image": IMAGE, "command": ["minipulsar", "geo", "setup", "--topology", topo_path, "--compose", *tls_args],
+        "environment": env_all, **_joined({**certs, **{svc: {"condition": "service_healthy"} for svc in brokers}}),
         "restart": "no"}
-    return {"name": PROJECT_NAME, "services": services, "volumes": volumes}
+    if tls:
+        services["geo-setup"]["volumes"] = [_tls_volume()]
+    return {"name": TLS_PROJECT_NAME if tls else PROJECT_NAME, "services": services, "volumes": volumes}
 
 
 def _scalar(value) -> str:
@@ -169,16 +228,20 @@ def _emit(key: str, value, indent: int, out: list[str]) -> None:
         out.append(f"{pad}{key}: {_scalar(value)}")
 
 
-def render_compose(topology: Topology, project_root: Path = REPO_ROOT) -> str:
-    """The docker-compose YAML text of ``compose_model(topology)`` with a header."""
-    model = compose_model(topology, project_root)
+def render_compose(topology: Topology, project_root: Path = REPO_ROOT, tls: bool = False) -> str:
+    """The docker-compose YAML text of ``compose_model(topology, tls=tls)`` with a header
+    (``docker-compose.yml``; ``docker-compose.tls.yml`` with ``tls``)."""
+    model = compose_model(topology, project_root, tls)
+    if tls:
+        topology = dataclasses.replace(topology, tls_dir=TLS_MOUNT)   # minipulsar+ssl:// in the header
     try:
         shown = Path(topology.source).resolve().relative_to(project_root.resolve()).as_posix()
     except ValueError:
         shown = topology.source
     n = {c.name: (len(c.brokers), len(c.bookie_ports)) for c in topology.clusters}
     out = [
-        f"# GENERATED from {shown} by `minipulsar geo compose > docker-compose.yml`; do not edit:",
+        f"# GENERATED from {shown} by `minipulsar geo compose{' --tls' if tls else ''} > {compose_file_name(tls)}`; "
+        f"do not edit:",
         "# a test fails when this file differs from the generated one.",
         "#",
         f"# The geo demo in containers: {', '.join(topology.names)}, each an etcd, "
@@ -187,12 +250,27 @@ def render_compose(topology: Topology, project_root: Path = REPO_ROOT) -> str:
         "# Every service joins geo-net's network namespace and listens on 127.0.0.1 there, as `geo up`",
         "# runs them (brokers advertise 127.0.0.1:<port>; see deploy/compose.py for why); geo-net",
         "# publishes each broker's port on the host's 127.0.0.1 under the same number.",
-        "#     docker compose up -d --build        # then the clusters answer on 127.0.0.1:",
     ]
+    if tls:
+        out += [
+            f"# Over TLS, as `geo up --tls`: {CERTS_SERVICE} writes a demo CA and the node certificate once",
+            f"# into ${TLS_DIR_VARIABLE} (default {TLS_HOST_DIR_DEFAULT}, next to this file), which the bookies,",
+            f"# brokers and geo-setup mount read-only at {TLS_MOUNT}; brokers and bookies serve TLS only, the bookies",
+            "# require the node certificate (mutual TLS); clients on the host trust ca.cert.pem of that directory.",
+            f"#     docker compose -f {compose_file_name(tls)} up -d --build   # then the clusters answer on 127.0.0.1:",
+        ]
+    else:
+        out.append("#     docker compose up -d --build        # then the clusters answer on 127.0.0.1:")
     for c in topology.clusters:
         out.append(f"#     {c.name}: {topology.service_url(c.name)}   (ports: "
                    + ", ".join(f"${port_variable(c.name, i)}" for i in range(len(c.brokers))) + ")")
-    out += ["#     docker compose down -v              # -v also deletes the volumes",
+    if tls:
+        out += [f"#     (clients: --tls-trust-certs-file-path {TLS_HOST_DIR_DEFAULT}/ca.cert.pem)",
+                f"#     docker compose -f {compose_file_name(tls)} down -v   # -v deletes the volumes, "
+                f"not the TLS directory"]
+    else:
+        out.append("#     docker compose down -v              # -v also deletes the volumes")
+    out += [
             f"name: {model['name']}", "", "services:"]
     for name, svc in model["services"].items():
         _emit(name, svc, 2, out)

@@ -93,16 +93,17 @@ def _preflight(engine: Engine) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-async def _wait_configured(urls: dict[str, str], timeout_s: float) -> None:
+async def _wait_configured(urls: dict[str, str], timeout_s: float, **client_options) -> None:
     """Until geo-setup has registered every cluster and created the topic, seen through
-    every cluster (one configuration store)."""
+    every cluster (one configuration store); ``client_options`` go to ``AdminClient``
+    (e.g. ``tls_trust_certs_file_path``)."""
     from client.admin import AdminClient
 
     topo = load_topology()
     deadline = time.monotonic() + timeout_s
     last = None
     for name, url in urls.items():
-        admin = AdminClient(url, operation_timeout_seconds=5)
+        admin = AdminClient(url, operation_timeout_seconds=5, **client_options)
         try:
             while True:
                 try:

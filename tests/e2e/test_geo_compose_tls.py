@@ -1,0 +1,206 @@
+"""The TLS compose stack (``minipulsar geo compose --tls > docker-compose.tls.yml``):
+the committed file is the generated one and has the shape the module doc of
+``deploy/compose.py`` promises (``geo-certs`` first, the TLS directory mounted
+read-only everywhere else, TLS flags and TLS health probes); ``geo probe
+--tls-dir`` really speaks mutual TLS to a bookie; ``geo certs`` creates the
+material once. The slow test brings the committed file up for real (podman
+through ``../shared/tools/compose-up.sh``, or Docker; skipped with the reason
+where neither can run a container, as ``test_geo_compose.py`` does), produces
+in us-east and consumes the replicated copy in eu-central over
+``minipulsar+ssl://`` with the CA the stack wrote into a host directory, and
+checks that a plaintext client is refused.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+
+import pytest
+
+from client import AsyncClient, ConsumerType, InitialPosition
+from client.errors import ConnectError
+from deploy.compose import (CERTS_SERVICE, TLS_DIR_VARIABLE, TLS_MOUNT, TLS_PROJECT_NAME, compose_model,
+                            render_compose)
+from deploy.topology import load_topology, port_variable
+from tests.e2e.geo_helpers import REPO_ROOT, free_ports, geo
+from tests.procs import start_bookie
+
+TLS_FILE = "docker-compose.tls.yml"
+HEALTHY = {"condition": "service_healthy"}
+
+
+# ---- the generated file ------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_committed_tls_compose_file_is_the_generated_one():
+    committed = (REPO_ROOT / TLS_FILE).read_text()
+    generated = render_compose(load_topology(), tls=True)
+    assert committed == generated, f"{TLS_FILE} is stale: regenerate it with `minipulsar geo compose --tls > {TLS_FILE}`"
+    cli = geo("compose", "--tls", timeout=60)
+    assert cli.returncode == 0 and cli.stdout == generated
+    # the plaintext file is not touched by --tls
+    assert (REPO_ROOT / "docker-compose.yml").read_text() == render_compose(load_topology())
+
+
+def test_tls_compose_mounts_the_certificates_and_speaks_tls_everywhere():
+    topo = load_topology()
+    plain = compose_model(topo)
+    model = compose_model(topo, tls=True)
+    services = model["services"]
+    assert model["name"] == TLS_PROJECT_NAME != plain["name"], "own project: own volumes, no clash with the plain stack"
+    assert list(services)[:2] == ["geo-net", CERTS_SERVICE]
+    assert set(services) == set(plain["services"]) | {CERTS_SERVICE}
+    assert model["volumes"] == plain["volumes"]
+    host_dir = f"${{{TLS_DIR_VARIABLE}:-./data/compose-tls}}"
+    certs = services[CERTS_SERVICE]
+    assert certs["command"][:5] == ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT]
+    assert certs["command"][-1] == "--keep-running", "service_healthy, not service_completed_successfully (podman)"
+    assert certs["healthcheck"]["test"][1:] == ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--check"]
+    assert certs["volumes"] == [f"{host_dir}:{TLS_MOUNT}"]
+    assert certs["depends_on"] == {"geo-net": {"condition": "service_started"}}
+    ro = f"{host_dir}:{TLS_MOUNT}:ro"
+    for name, svc in services.items():
+        if name.startswith(("bookie-", "broker-")) or name == "geo-setup":
+            assert svc["depends_on"][CERTS_SERVICE] == HEALTHY, name
+            assert ro in svc["volumes"], name
+        elif name != CERTS_SERVICE:
+            assert CERTS_SERVICE not in svc.get("depends_on", {}) and "/tls" not in str(svc), name
+            assert svc == plain["services"][name], f"{name}: only the TLS users change"
+        if name.startswith("bookie-"):
+            cmd = svc["command"]
+            assert "--tls-enabled" in cmd and "--tls-require-trusted-client-cert-on-connect" in cmd
+            assert cmd[cmd.index("--tls-trust-certs-file-path") + 1] == f"{TLS_MOUNT}/ca.cert.pem"
+            assert svc["volumes"][0].endswith(":/data")
+        if name.startswith("broker-") or name == "geo-setup":
+            assert svc["command"][-2:] == ["--tls-dir", TLS_MOUNT], name
+            assert svc["command"][:-2] == plain["services"][name]["command"], name
+        if name.startswith(("bookie-", "broker-")):
+            test = svc["healthcheck"]["test"]
+            assert test[-2:] == ["--tls-dir", TLS_MOUNT] and all(" " not in arg for arg in test), test
+
+
+# ---- the container actions -----------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_probe_speaks_mutual_tls_to_a_bookie_and_certs_are_created_once(tmp_path, process_tracker):
+    tls = tmp_path / "tls"
+    made = geo("certs", "--tls-dir", str(tls), timeout=60)
+    assert made.returncode == 0, made.stderr
+    files = {f: (tls / f).read_bytes() for f in ("ca.cert.pem", "ca.key.pem", "node.cert.pem", "node.key.pem")}
+    again = geo("certs", "--tls-dir", str(tls), timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert {f: (tls / f).read_bytes() for f in files} == files, "a restart of geo-certs keeps the CA"
+    assert geo("certs", "--tls-dir", str(tls), "--check", timeout=60).returncode == 0
+    assert geo("certs", "--tls-dir", str(tmp_path / "none"), "--check", timeout=60).returncode == 1
+    assert not (tmp_path / "none").exists(), "--check creates nothing"
+    # a second CA: its node certificate is not trusted by the bookie, and it does not trust the bookie
+    other = tmp_path / "other"
+    assert geo("certs", "--tls-dir", str(other), timeout=60).returncode == 0
+    mixed = tmp_path / "mixed"          # trusts the right CA, presents a certificate of the other
+    mixed.mkdir()
+    (mixed / "ca.cert.pem").write_bytes(files["ca.cert.pem"])
+    for f in ("node.cert.pem", "node.key.pem"):
+        (mixed / f).write_bytes((other / f).read_bytes())
+    bookie = start_bookie(tmp_path / "bookie", journal_sync=False, tracker=process_tracker, extra_args=[
+        "--tls-enabled", "--tls-certificate-file-path", str(tls / "node.cert.pem"),
+        "--tls-key-file-path", str(tls / "node.key.pem"), "--tls-trust-certs-file-path", str(tls / "ca.cert.pem"),
+        "--tls-require-trusted-client-cert-on-connect"])
+
+    def probe(*extra):
+        return geo("probe", "bookie", bookie.address, "--timeout", "10", *extra, timeout=60).returncode
+    assert probe("--tls-dir", str(tls)) == 0
+    assert probe("--tls-dir", str(mixed)) == 1, "the bookie refuses a client certificate of another CA"
+    assert probe("--tls-dir", str(other)) == 1, "the bookie's certificate is not of the probe's CA"
+    # a broker probe over TLS against the bookie's port does not pass for a broker
+    assert geo("probe", "broker", bookie.address, "--tls-dir", str(tls), "--timeout", "5",
+               timeout=60).returncode == 1
+
+
+@pytest.mark.timeout(120)
+def test_container_actions_refuse_a_tls_dir_without_certificates(tmp_path):
+    for action in (["setup", "--compose"], ["broker", "--cluster", "us-east", "--compose"]):
+        proc = geo(*action, "--tls-dir", str(tmp_path), timeout=60)
+        assert proc.returncode == 1, (action, proc.stdout, proc.stderr)
+        assert "missing ca.cert.pem, node.cert.pem, node.key.pem" in proc.stderr and "geo certs" in proc.stderr
+
+
+# ---- the stack, for real ---------------------------------------------------------------
+async def _replicated_over_tls(url_from: str, url_to: str, ca: str, n: int = 20) -> list[bytes]:
+    """Produce ``n`` messages in one cluster, return what a consumer in the other gets."""
+    topic = "persistent://geo/flights/compose-tls"
+    async with AsyncClient(url_from, tls_trust_certs_file_path=ca, operation_timeout_seconds=60) as a, \
+            AsyncClient(url_to, tls_trust_certs_file_path=ca, operation_timeout_seconds=60) as b:
+        consumer = await b.subscribe(topic, "compose-tls", consumer_type=ConsumerType.Exclusive,
+                                     initial_position=InitialPosition.Earliest)
+        producer = await a.create_producer(topic)
+        for i in range(n):
+            await producer.send(f"tls-{i}".encode())
+        await producer.close()
+        got, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                msg = await consumer.receive(timeout_millis=3_000)
+            except Exception:  # noqa: BLE001 - receive timeout
+                if len(got) >= n:
+                    break        # a quiet period after all of them: no duplicate came
+                continue
+            got.append(msg.data())
+            assert msg.replicated_from() == "us-east"
+            consumer.acknowledge(msg)
+        await consumer.close()
+    return got
+
+
+async def _plaintext_refused(url: str) -> None:
+    async with AsyncClient(url, operation_timeout_seconds=20) as plain:
+        with pytest.raises(ConnectError, match="speaks TLS"):
+            await plain.create_producer("persistent://geo/flights/compose-tls")
+
+
+async def _cluster_tls_url(url: str, ca: str, name: str) -> str | None:
+    from client.admin import AdminClient
+
+    admin = AdminClient(url, operation_timeout_seconds=10, tls_trust_certs_file_path=ca)
+    try:
+        return (await admin.get_cluster(name)).get("service_url_tls")
+    finally:
+        await admin.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_tls_compose_stack_replicates_over_tls_and_refuses_plaintext(tmp_path):
+    from tests.e2e.test_geo_compose import Engine, _preflight, _wait_configured
+
+    engine = Engine()
+    _preflight(engine)
+    topo = load_topology()
+    project = f"minipulsar-geo-tls-test-{os.getpid()}"
+    brokers = [(c.name, i) for c in topo.clusters for i in range(len(c.brokers))]
+    host_ports = dict(zip(brokers, free_ports(len(brokers))))
+    tls_dir = tmp_path / "tls"          # the bind mount: the host gets the CA here
+    env = dict(os.environ, COMPOSE_PROJECT_NAME=project, COMPOSE_FILE=str(REPO_ROOT / TLS_FILE), **engine.env)
+    env[TLS_DIR_VARIABLE] = str(tls_dir)
+    env.update({port_variable(c, i): str(p) for (c, i), p in host_ports.items()})
+    urls = {c.name: "minipulsar+ssl://" + ",".join(f"127.0.0.1:{host_ports[(c.name, i)]}"
+                                                   for i in range(len(c.brokers))) for c in topo.clusters}
+    try:
+        t0 = time.monotonic()
+        up = subprocess.run(engine.up(REPO_ROOT, "-d", "--build"), env=env, capture_output=True, text=True,
+                            timeout=1500)
+        assert up.returncode == 0, f"compose up failed:\n{up.stdout[-5000:]}\n{up.stderr[-5000:]}"
+        ca = tls_dir / "ca.cert.pem"
+        assert ca.is_file(), f"{CERTS_SERVICE} did not write the CA into the bind mount {tls_dir}"
+        asyncio.run(_wait_configured(urls, 300, tls_trust_certs_file_path=str(ca)))
+        print(f"TLS compose stack of {len(topo.clusters)} broker clusters configured in {time.monotonic() - t0:.0f}s")
+        assert asyncio.run(_cluster_tls_url(urls["us-east"], str(ca), "eu-central")) == urls["eu-central"], \
+            "the replicators reach eu-central over TLS (Pulsar's brokerServiceUrlTls)"
+        t1 = time.monotonic()
+        got = asyncio.run(_replicated_over_tls(urls["us-east"], urls["eu-central"], str(ca)))
+        assert sorted(got) == sorted(f"tls-{i}".encode() for i in range(20)), f"{len(got)} received: {got}"
+        print(f"20 messages produced in us-east, consumed once each in eu-central over TLS "
+              f"({time.monotonic() - t1:.1f}s)")
+        asyncio.run(_plaintext_refused(urls["us-east"].replace("minipulsar+ssl://", "minipulsar://")))
+    finally:
+        down = subprocess.run(engine.down(REPO_ROOT), env=env, capture_output=True, text=True, timeout=600)
+        assert down.returncode == 0, f"compose down failed:\n{down.stdout[-3000:]}\n{down.stderr[-3000:]}"
