@@ -134,7 +134,7 @@ async def _owner(url: str, topic: str) -> str:
         await admin.close()
 
 
-def test_compose_stack_replicates_and_survives_a_broker_kill():
+def test_compose_stack_replicates_and_survives_a_broker_kill(compose_turn):
     engine = Engine()
     _preflight(engine)
     topo = load_topology()

@@ -169,7 +169,7 @@ async def _cluster_tls_url(url: str, ca: str, name: str) -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_tls_compose_stack_replicates_over_tls_and_refuses_plaintext(tmp_path):
+def test_tls_compose_stack_replicates_over_tls_and_refuses_plaintext(tmp_path, compose_turn):
     from tests.e2e.test_geo_compose import Engine, _preflight, _wait_configured
 
     engine = Engine()
