@@ -118,19 +118,13 @@ def running_pid(data: Path, p: ClusterProcess) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """True when ``pid`` runs: a child of this command that exited is reaped and gone; a
+    zombie (exited, not reaped by its parent) counts as gone too."""
     popen = _children.get(pid)
     if popen is not None and popen.poll() is not None:
         return False
-    try:   # an exited process not yet reaped by its parent counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
+    from proto.process_info import is_alive
+    return is_alive(pid)
 
 
 def _port_open(port: int, timeout: float = 1.0) -> bool:

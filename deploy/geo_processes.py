@@ -338,13 +338,6 @@ def _memory(pid: int) -> tuple[int | None, int | None]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:   # a zombie (exited, not reaped by its parent) counts as stopped
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
+    """True when ``pid`` runs (a zombie, exited but not reaped, counts as stopped)."""
+    from proto.process_info import is_alive
+    return is_alive(pid)
