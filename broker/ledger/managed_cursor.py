@@ -204,7 +204,10 @@ class ManagedCursor(CursorPersistence):
 
     async def read_entries(self, max_count: int, max_bytes: int = 5 * 1024 * 1024) -> list[Entry]:
         """Up to ``max_count`` unacknowledged entries from the read position on (may
-        cross ledgers), advancing the read position past them. [] when none yet."""
+        cross ledgers), advancing the read position past them. [] when none yet.
+        A failed read raises (``ManagedLedgerError`` / bookie errors) only when nothing was
+        read before it in this call; else the entries read so far are returned, so none
+        is skipped (the read position never moves past an entry not returned)."""
         if not self.active:
             self.active = True         # ManagedCursorImpl.setActive: new adds are cached for it
             self.ml.cache.active = True
@@ -216,7 +219,16 @@ class ManagedCursor(CursorPersistence):
             if pos > self.ml.last_confirmed:
                 break
             generation = self._read_generation
-            entries = await self.ml.read_entries(pos, max_count - len(out), max_bytes - size)
+            try:
+                entries = await self.ml.read_entries(pos, max_count - len(out), max_bytes - size)
+            except Exception as exc:
+                if not out or generation != self._read_generation:
+                    raise
+                # Pulsar's OpReadEntry.readEntriesFailed: entries already read are returned
+                # (the read position is just past them); the next read meets the failure again.
+                log.warning("[%s] cursor %s: read at %s failed after %d entries were read (%s); "
+                            "returning those", self.ml.name, self.name, pos, len(out), exc)
+                return out
             if generation != self._read_generation:
                 # A rewind/seek/reset moved the read position while the bookies answered:
                 # this read is stale. Return nothing and leave the read position where the

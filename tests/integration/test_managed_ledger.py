@@ -261,3 +261,58 @@ async def test_cursor_mark_delete_rate_limit_defers_persists_but_flush_does_not_
     finally:
         await factory2.close()
         await bk2.close()
+
+
+
+async def test_cursor_read_failing_in_a_later_ledger_returns_what_it_read(bookie_factory, meta):
+    """A cursor read crossing ledgers whose later ledger cannot be read (its only bookie
+    killed) returns the entries of the earlier ledger and leaves the read position at the
+    failed one (Pulsar's OpReadEntry.readEntriesFailed): the next read fails there, and once
+    the bookie is back it returns the rest. Before, the read raised after moving the read
+    position past the entries it had read, and the dispatcher never sent them."""
+    bookies = [bookie_factory() for _ in range(2)]
+    addrs = [b.address for b in bookies]
+    cfg = small_config(managed_ledger_max_entries_per_ledger=10, managed_ledger_default_ensemble_size=1,
+                       managed_ledger_default_write_quorum=1, managed_ledger_default_ack_quorum=1)
+    name = "public/default/persistent/read-fails-later"
+    bk = BookKeeper(meta, addrs)
+    factory = ManagedLedgerFactory(meta, bk, cfg)
+    ml = await factory.open(name)
+    await ml.open_cursor("sub", initial_position="earliest")
+    positions = [await ml.add_entry(b"m%d" % i) for i in range(40)]
+    ledgers = sorted({p.ledger_id for p in positions})
+    bookie_of = {lid: (await bk.open_ledger(lid, recovery=False)).ensemble[0] for lid in ledgers}
+    await factory.close()
+    await bk.close()
+    # two consecutive ledgers on different bookies (E=1: the writer rotates its start)
+    first, second = next((a, b) for a, b in zip(ledgers, ledgers[1:]) if bookie_of[a] != bookie_of[b])
+    bk2 = BookKeeper(meta, addrs)                     # a fresh broker: nothing cached
+    factory2 = ManagedLedgerFactory(meta, bk2, cfg)
+    try:
+        ml2 = await factory2.open(name)
+        cursor = ml2.cursors["sub"]
+        before_first = [p for p in positions if p.ledger_id < first]
+        if before_first:
+            await cursor.mark_delete(before_first[-1])
+        victim = next(b for b in bookies if b.address == bookie_of[second])
+        victim.kill()
+        got = await cursor.read_entries(1000)
+        assert [e.position for e in got] == [p for p in positions if p.ledger_id == first]
+        assert [e.data for e in got] == [b"m%d" % positions.index(e.position) for e in got]
+        assert cursor.read_position == Position(second, 0)
+        with pytest.raises(Exception):
+            await cursor.read_entries(1000)
+        assert cursor.read_position == Position(second, 0)   # a failed read does not move it
+        same_port(victim)
+        rest = None
+        for _ in range(200):
+            try:
+                rest = await cursor.read_entries(1000)
+                break
+            except Exception:   # the bookie client's backoff after the kill
+                await asyncio.sleep(0.1)
+        assert rest is not None, "the restarted bookie never served the read"
+        assert [e.position for e in rest][:10] == [p for p in positions if p.ledger_id == second]
+    finally:
+        await factory2.close()
+        await bk2.close()
