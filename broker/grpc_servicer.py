@@ -264,6 +264,7 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 if response is None:
                     break
                 await context.write(response)
+                consumer.frames_written += 1
             if consumer.closed and topic.closed:
                 await abort_with(context, ServiceNotReady(
                     f"topic {topic.name} was unloaded or deleted on this broker; look it up again"))

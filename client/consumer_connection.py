@@ -39,7 +39,8 @@ class ConsumerConnection:
     called once when reconnecting is given up.  Must be created on the
     client's running event loop (``RuntimeError`` otherwise).
 
-    State: ``closed``, ``failed`` (the ``PulsarException`` it gave up on),
+    State: ``closed``, ``failed`` (the ``PulsarException`` it gave up on), the counts
+    ``frames_received``, ``entries_received``, ``stale_entries_dropped`` and ``reconnections``,
     ``_call`` (the current stream, None while disconnected), ``broker`` (the
     ``client.lookup.LookupResult`` of the last connection attempt, None before
     its lookup answered), ``_connected``
@@ -73,6 +74,13 @@ class ConsumerConnection:
         self._requests: dict[int, asyncio.Future] = {}
         self._on_success: dict[int, Callable[[], None]] = {}
         self._run_task: asyncio.Task | None = None
+        # What this consumer's streams brought (counts, across reconnections; for stats and
+        # diagnosis): MessageBatch frames, their entries, and entries dropped as frames of an
+        # older consumer epoch (PIP-84). Pulsar's ConsumerStats keeps similar totals.
+        self.frames_received = 0
+        self.entries_received = 0
+        self.stale_entries_dropped = 0
+        self.reconnections = 0   # streams opened again after one broke (count)
 
     # ------------------------------------------------------------------ stream
     async def _connect(self) -> None:
@@ -205,6 +213,7 @@ class ConsumerConnection:
                 return False
             try:
                 await self._connect()
+                self.reconnections += 1
                 log.info("[%s][%s] consumer %s reconnected", self.topic, self.conf.subscription_name,
                          self.consumer_name)
                 return True
@@ -314,7 +323,10 @@ class ConsumerConnection:
         kind = resp.WhichOneof("response")
         if kind == "messages":
             batch = resp.messages
+            self.frames_received += 1
+            self.entries_received += len(batch.entries)
             if batch.consumer_epoch < self._epoch:
+                self.stale_entries_dropped += len(batch.entries)
                 self._drop_stale(batch.entries)
             else:
                 self._on_entries(batch.entries)

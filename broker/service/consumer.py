@@ -74,7 +74,9 @@ class Consumer:
     unlimited; broker config max_unacked_messages_per_consumer, Pulsar's
     maxUnackedMessagesPerConsumer). ``priority_level``: Failover priority
     (lower first; the Shared dispatcher ignores it). Counters: ``msg_out_counter`` (messages), ``bytes_out_counter``
-    (bytes), ``msg_redeliver_counter`` (positions redelivered).
+    (bytes), ``msg_redeliver_counter`` (positions redelivered), ``frames_written``
+    (frames the transport's write completed for; with ``writer.queue.qsize()`` it tells a
+    frame still queued at the broker from one already handed to gRPC).
     """
 
     def __init__(self, name: str, priority_level: int, send: Callable[[pb.ConsumerResponse], None],
@@ -92,6 +94,7 @@ class Consumer:
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
         self.msg_redeliver_counter = 0
+        self.frames_written = 0   # ConsumerResponse frames the stream's writer handed to gRPC (count)
         self.closed = False
         # PIP-84 consumer epoch: raised by a RedeliverUnacknowledged (redeliver-all on
         # Exclusive/Failover); every MessageBatch carries it so the client drops frames

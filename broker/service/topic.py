@@ -472,7 +472,12 @@ class PersistentTopic:
                 "readPosition": str(s.cursor.read_position),
                 "consumers": [{"consumerName": c.name, "availablePermits": c.permits,
                                "unackedMessages": c.unacked_messages, "msgOutCounter": c.msg_out_counter,
-                               "isActive": c.is_active}
+                               "isActive": c.is_active,
+                               # the consumer stream's outgoing side (ours, not Pulsar's): frames
+                               # queued and not yet written, their bytes, and frames written
+                               "outboundQueuedFrames": c.writer.queue.qsize() if c.writer else 0,
+                               "outboundQueuedBytes": c.writer.buffered_bytes if c.writer else 0,
+                               "outboundFramesWritten": c.frames_written}
                               for c in s.consumers],
             }
         return {

@@ -384,6 +384,7 @@ class Workload:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._ack_tasks:
             await asyncio.wait(list(self._ack_tasks), timeout=20)
+        self.details["client_consumer"] = self._client_view()
         stored = await self._read_stored()
         lost_now = [i for i in self.acked_at if i not in self.delivered]
         if lost_now:     # what the broker says of the subscription, to tell where they are stuck
@@ -423,6 +424,16 @@ class Workload:
         assert not self.send_errors, f"{len(self.send_errors)} sends failed: {self.send_errors[:5]}"
         assert len(acked) > 0
         return row
+
+    def _client_view(self) -> list[dict]:
+        """The SDK consumer's own view, to tell where undelivered messages stopped: frames and
+        entries its streams brought, entries dropped as stale (older consumer epoch),
+        reconnections, messages still queued, whether a stream is open, permits not yet sent."""
+        return [{"frames_received": impl.frames_received, "entries_received": impl.entries_received,
+                 "stale_entries_dropped": impl.stale_entries_dropped, "reconnections": impl.reconnections,
+                 "queued": len(impl.queue), "connected": impl._call is not None, "epoch": impl._epoch,
+                 "permits_not_sent": impl.permits.available, "failed": repr(impl.failed)}
+                for impl in self.consumer._impls()]
 
     async def _read_stored(self, timeout_s: float = 60.0) -> list[tuple[int, int, tuple]]:
         """[(payload number, sequence id, message id key)] of every stored message, in stored order."""

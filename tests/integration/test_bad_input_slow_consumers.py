@@ -148,6 +148,10 @@ async def test_consumers_that_never_read_cost_bounded_memory(standalone_factory)
               f"broker RSS {before:.0f} -> {during:.0f} MB (+{during - before:.0f})")
         assert all(0 < n < ENTRIES // 3 for n in pushed.values()), pushed
         assert all(p <= 1 << 20 for p in permits), permits
+        # the stats tell where the frames stopped: queued at the broker, not written
+        outbound = [(c["outboundQueuedFrames"], c["outboundQueuedBytes"], c["outboundFramesWritten"])
+                    for s in subs for c in stats["subscriptions"][s]["consumers"]]
+        assert all(frames > 0 and size > 0 for frames, size, _ in outbound), outbound
         assert during - before < MEMORY_BOUND_MB, (before, during)
 
         for call in calls:
@@ -178,5 +182,8 @@ async def test_consumers_that_never_read_cost_bounded_memory(standalone_factory)
                     break
                 got.append(int(msg.data()[-6:]))
                 consumer.acknowledge(msg)
+            impl, = consumer._impls()
+            counts = (impl.entries_received, impl.stale_entries_dropped, impl.reconnections)
             await consumer.close()
             assert got == list(range(ENTRIES)), (sub, len(got))
+            assert counts == (ENTRIES, 0, 0), counts   # the SDK's own count of what its stream brought
