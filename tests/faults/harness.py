@@ -69,6 +69,22 @@ def _toml(values: dict) -> str:
                    for k, v in values.items())
 
 
+#: Lines of each server log put into a failed scenario's report (tests/faults/conftest.py).
+SERVER_LOG_LINES = 80
+
+
+def server_log_tails(root: Path, lines: int = SERVER_LOG_LINES) -> list[tuple[str, str]]:
+    """[(relative path, its last ``lines`` lines)] of every ``*.stderr.log`` under ``root``."""
+    out = []
+    for path in sorted(Path(root).rglob("*.stderr.log")):
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            text = [f"(unreadable: {exc})"]
+        out.append((str(path.relative_to(root)), "\n".join(text)))
+    return out
+
+
 class FaultCluster:
     """``n_bookies`` real bookies and one real broker (embedded SQLite metadata store)
     on free loopback ports; the broker keeps its port across restarts so that clients
