@@ -394,7 +394,9 @@ class Workload:
         while not self._all_delivered() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         for name, task in zip(("producer", "consumer"), self._tasks):
-            if task.done() and not task.cancelled() and task.exception() is not None:
+            if task.done() and task.cancelled():      # nothing here cancels them before the end
+                self.details[f"{name}_task_error"] = "cancelled before the end"
+            elif task.done() and task.exception() is not None:
                 self.details[f"{name}_task_error"] = repr(task.exception())   # the harness's own loop died
         self._tasks[1].cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
