@@ -451,3 +451,17 @@ class EtcdProcess:
 def start_etcd(data_dir, tracker: ProcessTracker | None = None) -> EtcdProcess:
     """Start a real etcd on free loopback ports (blocking, ~0.5-1 s)."""
     return EtcdProcess(data_dir, tracker).start()
+
+
+async def ensure_namespace(service_url: str, namespace: str = "public/default") -> None:
+    """Create ``namespace`` (``tenant/ns``) and its tenant on the broker at ``service_url``
+    unless they exist: a broker started alone (not standalone) has no tenants."""
+    from client.admin import AdminClient
+    from client.errors import AlreadyExists
+
+    async with AdminClient(service_url) as admin:
+        for call, arg in ((admin.create_tenant, namespace.split("/")[0]), (admin.create_namespace, namespace)):
+            try:
+                await call(arg)
+            except AlreadyExists:
+                pass

@@ -46,9 +46,9 @@ import grpc
 
 from client import AsyncClient, ConsumerType, InitialPosition, MessageId
 from client.admin import AdminClient
-from client.errors import AlreadyExists, PulsarException
+from client.errors import PulsarException
 from proto import bookie_pb2, bookie_pb2_grpc
-from tests.procs import BookieProcess, BrokerProcess, ProcessTracker, start_bookie, start_broker
+from tests.procs import BookieProcess, BrokerProcess, ProcessTracker, ensure_namespace, start_bookie, start_broker
 
 REPORT_ENV = "MINIPULSAR_FAULT_REPORT"
 
@@ -120,12 +120,7 @@ class FaultCluster:
         return self.broker.service_url
 
     async def create_namespace(self, namespace: str = "public/default") -> None:
-        async with AdminClient(self.service_url) as admin:
-            for call, arg in ((admin.create_tenant, namespace.split("/")[0]), (admin.create_namespace, namespace)):
-                try:
-                    await call(arg)
-                except AlreadyExists:
-                    pass
+        await ensure_namespace(self.service_url, namespace)
 
     # -- faults ------------------------------------------------------------------------
     def bookie_index(self, address: str) -> int:

@@ -20,9 +20,8 @@ import uuid
 import pytest
 
 from client import AsyncClient, InitialPosition, MessageId
-from client.admin import AdminClient
-from client.errors import AlreadyExists, PulsarException
-from tests.procs import start_bookie, start_broker
+from client.errors import PulsarException
+from tests.procs import ensure_namespace, start_bookie, start_broker
 
 
 _same_port = restart_bookie_same_port
@@ -48,12 +47,7 @@ def cluster(tmp_path, process_tracker):
 
 async def _namespace(broker, namespace: str = "public/default") -> None:
     """A broker alone (not standalone) starts without tenants: create the test's namespace."""
-    async with AdminClient(broker.service_url) as admin:
-        for call, arg in ((admin.create_tenant, namespace.split("/")[0]), (admin.create_namespace, namespace)):
-            try:
-                await call(arg)
-            except AlreadyExists:
-                pass
+    await ensure_namespace(broker.service_url, namespace)
 
 
 async def _read_everything(client, topic: str) -> list[bytes]:
