@@ -206,6 +206,17 @@ async def bookie_info(address: str) -> bookie_pb2.BookieInfo:
         return await bookie_pb2_grpc.BookieStub(channel).GetBookieInfo(bookie_pb2.BookieInfoRequest(), timeout=5)
 
 
+def _task_state(task: asyncio.Task | None) -> str:
+    """'running', 'cancelled', 'returned' or the exception that ended ``task`` (None: 'none')."""
+    if task is None:
+        return "none"
+    if not task.done():
+        return "running"
+    if task.cancelled():
+        return "cancelled"
+    return "returned" if task.exception() is None else repr(task.exception())
+
+
 def _payload_number(data: bytes) -> int:
     return int(data.split(b"-")[-1])
 
@@ -388,6 +399,8 @@ class Workload:
             await asyncio.sleep(0.1)
         while not self._all_delivered() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+        if not self._all_delivered():
+            self.details["stall_probe"] = await self._probe_stall()
         for name, task in zip(("producer", "consumer"), self._tasks):
             if task.done() and task.cancelled():      # nothing here cancels them before the end
                 self.details[f"{name}_task_error"] = "cancelled before the end"
@@ -438,6 +451,21 @@ class Workload:
         assert len(acked) > 0
         return row
 
+    async def _probe_stall(self, wait_s: float = 10.0) -> dict:
+        """Acknowledged messages are still undelivered at the end: send one more message
+        (numbered as the others, so every check still holds) and tell whether it got through
+        on the consumer's stream. Delivered while the others are not: the stream works and
+        the missing frames were lost on the way; not delivered either: the stream is stuck."""
+        before = {i for i in self.acked_at if i not in self.delivered}
+        i = len(self.sent_at)
+        self.sent_at.append(time.monotonic())
+        self.producer.send_async(b"fault-%08d" % i, self._on_receipt(i))
+        deadline = time.monotonic() + wait_s
+        while i not in self.delivered and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return {"probe_acknowledged": i in self.acked_at, "probe_delivered": i in self.delivered,
+                "missing_before": len(before), "missing_after": sum(1 for j in before if j not in self.delivered)}
+
     def _client_view(self) -> list[dict]:
         """The SDK consumer's own view, to tell where undelivered messages stopped: frames and
         entries its streams brought, entries dropped as stale (older consumer epoch),
@@ -445,7 +473,8 @@ class Workload:
         return [{"frames_received": impl.frames_received, "entries_received": impl.entries_received,
                  "stale_entries_dropped": impl.stale_entries_dropped, "reconnections": impl.reconnections,
                  "queued": len(impl.queue), "connected": impl._call is not None, "epoch": impl._epoch,
-                 "permits_not_sent": impl.permits.available, "failed": repr(impl.failed)}
+                 "permits_not_sent": impl.permits.available, "failed": repr(impl.failed),
+                 "run_task": _task_state(impl._run_task), "maintenance_task": _task_state(impl._maintenance_task)}
                 for impl in self.consumer._impls()]
 
     async def _read_stored(self, timeout_s: float = 60.0) -> list[tuple[int, int, tuple]]:
