@@ -257,7 +257,9 @@ class Workload:
     """One SDK producer (``producer_name``, dedup on the broker, no send timeout) sending
     numbered messages at ``rate`` msg/s, and one SDK consumer (``sub_type``) acknowledging
     each message with ``acknowledge_and_wait``. ``publish_url`` and ``consume_url`` differ
-    for geo scenarios (produce in A, consume the replicated copies in B).
+    for geo scenarios (produce in A, consume the replicated copies in B); ``admin_url`` (default
+    ``consume_url``): where the consume side's stats are asked (a test whose consumer goes
+    through a proxy asks the broker itself).
 
     Use: ``await w.start()``; ``t = w.fault("what")`` at each injection (returns the
     monotonic time); ``await w.wait_serving(t)``; ``row = await w.finish(...)``.
@@ -265,9 +267,10 @@ class Workload:
 
     def __init__(self, publish_url: str, topic: str | None = None, rate: float = 150.0,
                  consume_url: str | None = None, sub_type: ConsumerType = ConsumerType.Exclusive,
-                 operation_timeout_s: float = 30.0) -> None:
+                 operation_timeout_s: float = 30.0, admin_url: str | None = None) -> None:
         self.publish_url = publish_url
         self.consume_url = consume_url or publish_url
+        self.admin_url = admin_url or self.consume_url    # where the consume side's stats are asked
         self.topic = topic or f"persistent://public/default/faults-{uuid.uuid4().hex[:8]}"
         self.rate = rate
         self.sub_type = sub_type
@@ -283,6 +286,7 @@ class Workload:
         self.ack_failures = 0
         self.faults: list[tuple[str, float]] = []
         self.details: dict = {}                        # extra figures a scenario adds to its row
+        self.probe_wait_s = 10.0                      # how long the stall probe waits (s)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._ack_tasks: set[asyncio.Task] = set()
@@ -399,8 +403,14 @@ class Workload:
             await asyncio.sleep(0.1)
         while not self._all_delivered() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        if not self._all_delivered():
-            self.details["stall_probe"] = await self._probe_stall()
+        # Undelivered when the drain ended: lost, whatever the probe below brings afterwards.
+        missing_at_deadline = {i for i in self.acked_at if i not in self.delivered}
+        if missing_at_deadline:
+            # Where they stopped, seen from both ends BEFORE anything else moves (a new message
+            # or subscription may wake what was stuck), then the probe.
+            self.details["before_probe"] = {"client_consumer": self._client_view(),
+                                            "work_subscription": await self._broker_view()}
+            self.details["stall_probe"] = await self._probe_stall(self.probe_wait_s)
         for name, task in zip(("producer", "consumer"), self._tasks):
             if task.done() and task.cancelled():      # nothing here cancels them before the end
                 self.details[f"{name}_task_error"] = "cancelled before the end"
@@ -412,22 +422,14 @@ class Workload:
             await asyncio.wait(list(self._ack_tasks), timeout=20)
         self.details["client_consumer"] = self._client_view()
         stored = await self._read_stored()
-        lost_now = [i for i in self.acked_at if i not in self.delivered]
+        lost_now = missing_at_deadline | {i for i in self.acked_at if i not in self.delivered}
         if lost_now:     # what the broker says of the subscription, to tell where they are stuck
-            try:
-                async with AdminClient(self.consume_url) as admin:
-                    sub = (await admin.get_stats(self.topic))["subscriptions"]["work"]
-                    internal = await admin.get_internal_stats(self.topic)
-                self.details["work_subscription"] = sub
-                self.details["work_cursor"] = internal["cursors"].get("work")
-                self.details["last_confirmed"] = internal["lastConfirmedEntry"]
-                self.details["undelivered_ids"] = {i: str(self.acked_ids[i]) for i in sorted(lost_now)[:10]}
-            except Exception as exc:   # diagnostics only
-                self.details["stats_error"] = repr(exc)
+            self.details["work_subscription"] = await self._broker_view()
+            self.details["undelivered_ids"] = {i: str(self.acked_ids[i]) for i in sorted(lost_now)[:10]}
         await self.close()
 
         acked = set(self.acked_at)
-        lost = sorted(i for i in acked if i not in self.delivered)
+        lost = sorted(lost_now)
         stored_numbers = [n for n, _, _ in stored]
         stored_twice = {n for n, c in Counter(stored_numbers).items() if c > 1}
         delivered_twice = {i for i, ids in self.delivered.items() if len(ids) > 1}
@@ -450,6 +452,18 @@ class Workload:
         assert not self.send_errors, f"{len(self.send_errors)} sends failed: {self.send_errors[:5]}"
         assert len(acked) > 0
         return row
+
+    async def _broker_view(self) -> dict:
+        """The broker's stats of the ``work`` subscription with its cursor (msgOutCounter,
+        outbound frames queued and written, read and mark-delete positions); an error's
+        repr if they cannot be had."""
+        try:
+            async with AdminClient(self.admin_url) as admin:
+                sub = (await admin.get_stats(self.topic))["subscriptions"]["work"]
+                internal = await admin.get_internal_stats(self.topic)
+            return {**sub, "cursor": internal["cursors"].get("work"), "last_confirmed": internal["lastConfirmedEntry"]}
+        except Exception as exc:   # diagnostics only
+            return {"error": repr(exc)}
 
     async def _probe_stall(self, wait_s: float = 10.0) -> dict:
         """Acknowledged messages are still undelivered at the end: send one more message

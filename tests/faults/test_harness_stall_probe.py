@@ -1,26 +1,31 @@
-"""The fault harness's own stall probe (``Workload._probe_stall``), which a failed
-scenario runs when acknowledged messages are still undelivered at the end: it must tell
-a consumer stream that works from one that is stuck. A real broker and bookies; the
-consumer's connection goes through a TCP proxy that the test holds (nothing forwarded,
-nothing closed: what a stream stuck between the broker's writer and the SDK looks like)."""
+"""The fault harness's own stall probe (``Workload._probe_stall``), which ``finish`` runs
+when acknowledged messages are still undelivered at the end of the drain: it must tell a
+consumer stream that works from one that is stuck, and the scenario must fail whatever
+the probe brings afterwards. A real broker and bookies; the consumer's connection goes
+through a TCP proxy that the test holds (nothing forwarded, nothing closed: what a stream
+stuck between the broker's writer and the SDK looks like)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from tests.faults import harness
 from tests.faults.harness import Workload
 from tests.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(150)
 
 
-async def test_stall_probe_tells_a_stuck_consumer_stream_from_a_working_one(fault_cluster):
+async def test_stall_probe_tells_a_stuck_consumer_stream_from_a_working_one(fault_cluster, monkeypatch):
+    rows = []
+    monkeypatch.setattr(harness, "record", rows.append)    # not a scenario: keep it out of the fault table
     cluster = fault_cluster(2)
     await cluster.create_namespace()
     proxy = await TcpProxy.to_service_url(cluster.service_url).start()
-    w = await Workload(cluster.service_url, consume_url=proxy.service_url, rate=50).start()
+    w = await Workload(cluster.service_url, consume_url=proxy.service_url, rate=50,
+                       admin_url=cluster.service_url).start()
+    w.probe_wait_s = 2.0
     try:
         await w.run_for(1.0)
         working = await w._probe_stall(wait_s=15)
@@ -28,16 +33,27 @@ async def test_stall_probe_tells_a_stuck_consumer_stream_from_a_working_one(faul
 
         proxy.hold()
         await w.run_for(1.0)              # stored and acknowledged to the producer, stuck at the proxy
-        stuck = await w._probe_stall(wait_s=2)
-        assert stuck["missing_before"] > 0, stuck
-        assert not stuck["probe_delivered"] and stuck["missing_after"] == stuck["missing_before"], stuck
 
-        proxy.release()                   # the same stream goes on: everything arrives
-        deadline = time.monotonic() + 45
-        while not w._all_delivered():
-            assert time.monotonic() < deadline, f"not delivered after the release: {w._client_view()}"
-            await asyncio.sleep(0.1)
-        assert all(state["run_task"] == "running" for state in w._client_view())
+        async def release_after_the_probe():
+            while "stall_probe" not in w.details:
+                await asyncio.sleep(0.05)
+            proxy.release()               # the reading back of the stored topic goes through it too
+
+        releaser = asyncio.create_task(release_after_the_probe())
+        with pytest.raises(AssertionError, match="acknowledged messages never delivered"):
+            await w.finish("harness self-test", "consumer link held", drain_timeout_s=3.0)
+        await releaser
+        details = rows[0].details
+        stuck = details["stall_probe"]
+        assert stuck["missing_before"] > 0 and not stuck["probe_delivered"], stuck
+        assert stuck["missing_after"] == stuck["missing_before"], stuck
+        before = details["before_probe"]
+        assert before["client_consumer"][0]["run_task"] == "running", before
+        # the broker pushed what the consumer never got: its view says so
+        assert before["work_subscription"]["consumers"][0]["msgOutCounter"] > \
+            before["client_consumer"][0]["entries_received"], before
+        assert rows[0].lost >= stuck["missing_before"]
     finally:
+        proxy.release()
         await w.close()
         await proxy.close()
