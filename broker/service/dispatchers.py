@@ -66,6 +66,11 @@ READ_BYTES = 1024 * 1024
 #: Entry size assumed before the first read (bytes): the first read asks for at most
 #: READ_BYTES / this entries.
 INITIAL_AVG_ENTRY_BYTES = 64 * 1024
+#: What a dispatcher's loop can be doing (``Dispatcher.state``; subscription stats
+#: ``dispatcherState``, ours): waiting for a new entry at the read position is Pulsar's
+#: cursor ``waitingReadOp``, a read in flight its ``pendingReadOps``.
+DISPATCHER_STATES = ("idle", "waiting for consumers", "waiting for permits", "reading", "waiting for entries",
+                     "waiting for a change", "read failure backoff", "stopped")
 
 
 def batch_size_of(metadata, data: bytes) -> int:
@@ -167,6 +172,9 @@ class Dispatcher:
         self._dispatched = 0
         self._read_failures = 0  # reads failed in a row (read failure backoff)
         self.paused = False     # during a seek, until its answer went out
+        # What the loop is doing now (for stats, to tell where a subscription waits): one of
+        # DISPATCHER_STATES, or "failed: <error>" once the loop ended on an unexpected error.
+        self.state = "idle"
 
     # ---- lifecycle --------------------------------------------------------
     def start(self) -> None:
@@ -247,6 +255,7 @@ class Dispatcher:
                 self._release_delayed()
                 permits = self.total_permits()
                 if permits <= 0 or not self.consumers:
+                    self.state = "waiting for permits" if self.consumers else "waiting for consumers"
                     await self._wait(None)
                     continue
                 epoch = self._epoch
@@ -255,6 +264,7 @@ class Dispatcher:
                 n_entries = max(1, min(self.max_read_batch, int(permits / max(1.0, self._avg_messages_per_entry)),
                                        int(READ_BYTES / max(1.0, self._avg_entry_bytes))))
                 from_replay = bool(self.replay)
+                self.state = "reading"
                 try:
                     if from_replay:
                         entries = await self._read_replay(n_entries, READ_BYTES)
@@ -265,6 +275,7 @@ class Dispatcher:
                     continue
                 self._read_failures = 0
                 if not from_replay and not entries:
+                    self.state = "waiting for entries"
                     await self._wait(self.cursor.read_position)
                     continue
                 if epoch != self._epoch:
@@ -275,10 +286,13 @@ class Dispatcher:
                     self._dispatch(items)
                 if from_replay and entries and self._dispatched == sent_before:
                     # Nothing could go out (held keys, no permits): wait for a change.
+                    self.state = "waiting for a change"
                     await self._wait(None)
+            self.state = "stopped"
         except asyncio.CancelledError:
-            pass
-        except Exception:
+            self.state = "stopped"
+        except Exception as exc:
+            self.state = f"failed: {exc!r}"
             log.exception("[%s][%s] dispatcher failed", self.subscription.topic.name, self.subscription.name)
 
     async def _wait(self, read_position: Optional[Position]) -> None:
@@ -325,6 +339,7 @@ class Dispatcher:
         max_s = getattr(conf, "dispatcher_read_failure_backoff_max_time_in_ms", 60000) / 1000.0
         delay = min(max_s, initial_s * (2 ** min(self._read_failures, 16)))
         self._read_failures += 1
+        self.state = "read failure backoff"
         log.warning("[%s][%s] error reading entries: %s; reading again in %.1f s", self.subscription.topic.name,
                     self.subscription.name, exc, delay)
         if self._closed:

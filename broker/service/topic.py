@@ -470,6 +470,8 @@ class PersistentTopic:
                 "isDurable": s.durable,
                 "markDeletePosition": str(s.cursor.mark_delete_position),
                 "readPosition": str(s.cursor.read_position),
+                # ours: what the subscription's dispatcher is doing (dispatchers.DISPATCHER_STATES)
+                "dispatcherState": s.dispatcher.state if s.dispatcher is not None else "none",
                 "consumers": [{"consumerName": c.name, "availablePermits": c.permits,
                                "unackedMessages": c.unacked_messages, "msgOutCounter": c.msg_out_counter,
                                "isActive": c.is_active,
@@ -510,9 +512,17 @@ class PersistentTopic:
                                "readPosition": str(c.read_position),
                                "individuallyDeletedMessages": c.individual_deleted.size(),
                                "properties": c.properties,
-                               "cursorProperties": c.cursor_properties}
+                               "cursorProperties": c.cursor_properties,
+                               **self._read_ops(name)}
                         for name, c in self.ml.cursors.items()},
         }
+
+    def _read_ops(self, cursor_name: str) -> dict:
+        """Pulsar's cursor ``waitingReadOp`` (its dispatcher waits for a new entry at the read
+        position) and ``pendingReadOps`` (reads in flight: 0 or 1 here, one dispatch loop)."""
+        sub = self.subscriptions.get(cursor_name)
+        state = sub.dispatcher.state if sub is not None and sub.dispatcher is not None else "none"
+        return {"waitingReadOp": state == "waiting for entries", "pendingReadOps": int(state == "reading")}
 
     # ---- lifecycle ------------------------------------------------------
     async def _fence_and_disconnect(self, reason: str) -> None:

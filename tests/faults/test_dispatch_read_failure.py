@@ -16,6 +16,7 @@ import time
 import pytest
 
 from client import AsyncClient, ConsumerType, InitialPosition
+from client.admin import AdminClient
 from client.errors import PulsarException
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,7 +62,14 @@ async def test_dispatcher_reads_again_after_its_bookies_come_back(fault_cluster,
             consumer.acknowledge(first)
         cluster.kill_bookie(0)
         cluster.kill_bookie(1)
-        await asyncio.sleep(2.0)                              # the dispatcher's reads fail meanwhile
+        # the dispatcher's reads fail meanwhile, and its stats say it backs off
+        started, states = time.monotonic(), set()
+        async with AdminClient(cluster.service_url) as admin:
+            while time.monotonic() - started < 10 and "read failure backoff" not in states:
+                states.add((await admin.get_stats(topic))["subscriptions"]["s"]["dispatcherState"])
+                await asyncio.sleep(0.05)
+        assert "read failure backoff" in states, states
+        await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - started)))
         await asyncio.to_thread(cluster.restart_bookie, 0)
         await asyncio.to_thread(cluster.restart_bookie, 1)
         expected = set(payloads) if sub_type is ConsumerType.Shared else set(payloads[1:])

@@ -152,6 +152,9 @@ async def test_consumers_that_never_read_cost_bounded_memory(standalone_factory)
         outbound = [(c["outboundQueuedFrames"], c["outboundQueuedBytes"], c["outboundFramesWritten"])
                     for s in subs for c in stats["subscriptions"][s]["consumers"]]
         assert all(frames > 0 and size > 0 for frames, size, _ in outbound), outbound
+        # ... and dispatch to them waits: over the high-water mark, a consumer has no permits
+        states = {stats["subscriptions"][s]["dispatcherState"] for s in subs}
+        assert states == {"waiting for permits"}, states
         assert during - before < MEMORY_BOUND_MB, (before, during)
 
         for call in calls:
