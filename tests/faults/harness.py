@@ -46,7 +46,7 @@ import grpc
 
 from client import AsyncClient, ConsumerType, InitialPosition, MessageId
 from client.admin import AdminClient
-from client.errors import PulsarException
+from client.errors import PulsarException, Timeout
 from proto import bookie_pb2, bookie_pb2_grpc
 from tests.procs import BookieProcess, BrokerProcess, ProcessTracker, ensure_namespace, start_bookie, start_broker
 
@@ -284,6 +284,7 @@ class Workload:
         self.delivered: dict[int, set] = {}            # index -> distinct message ids delivered
         self.deliveries = 0
         self.ack_failures = 0
+        self.consumer_errors = 0                       # receive errors other than a timeout (count)
         self.faults: list[tuple[str, float]] = []
         self.details: dict = {}                        # extra figures a scenario adds to its row
         self.probe_wait_s = 10.0                      # how long the stall probe waits (s)
@@ -330,9 +331,15 @@ class Workload:
         while True:
             try:
                 msg = await self.consumer.receive(timeout_millis=500)
-            except PulsarException:
+            except PulsarException as exc:
                 if self._stop.is_set() and self._all_delivered():
                     return
+                if not isinstance(exc, Timeout):
+                    # closed or failed: raised at once, so yield (else this loop spins and
+                    # freezes the event loop) and look at self.consumer again (a stall check
+                    # may subscribe a new one)
+                    self.consumer_errors += 1
+                    await asyncio.sleep(0.05)
                 continue
             i = _payload_number(msg.data())
             self.deliveries += 1
@@ -410,7 +417,13 @@ class Workload:
             # or subscription may wake what was stuck), then the probe.
             self.details["before_probe"] = {"client_consumer": self._client_view(),
                                             "work_subscription": await self._broker_view()}
-            self.details["stall_probe"] = await self._probe_stall(self.probe_wait_s)
+            probe = self.details["stall_probe"] = await self._probe_stall(self.probe_wait_s)
+            if probe["missing_after"]:
+                # still missing: are they kept by the subscription (a new consumer gets them)?
+                probe["after_probe"] = {"client_consumer": self._client_view(),
+                                        "work_subscription": await self._broker_view()}
+                probe["missing_after_resubscribe"] = await self._resubscribe(missing_at_deadline,
+                                                                             self.probe_wait_s)
         for name, task in zip(("producer", "consumer"), self._tasks):
             if task.done() and task.cancelled():      # nothing here cancels them before the end
                 self.details[f"{name}_task_error"] = "cancelled before the end"
@@ -442,6 +455,7 @@ class Workload:
                   max(serve_times) if serve_times else None,
                   {"sent": len(self.sent_at), "send_errors": len(self.send_errors), "stored": len(stored),
                    "deliveries": self.deliveries, "ack_failures": self.ack_failures,
+                   "consumer_errors": self.consumer_errors,
                    "serve_times_s": [round(x, 2) for x in serve_times], **self.details})
         record(row)
         assert not any(k.endswith("_task_error") for k in self.details), self.details
@@ -479,6 +493,25 @@ class Workload:
             await asyncio.sleep(0.1)
         return {"probe_acknowledged": i in self.acked_at, "probe_delivered": i in self.delivered,
                 "missing_before": len(before), "missing_after": sum(1 for j in before if j not in self.delivered)}
+
+    async def _resubscribe(self, missing: set[int], wait_s: float) -> int | str:
+        """Close the consumer and subscribe again (the consume loop takes the new one): the
+        subscription redelivers what it did not get acknowledged. Returns how many of
+        ``missing`` are still undelivered ``wait_s`` seconds later, or the error's repr."""
+        old = self.consumer
+        try:
+            await asyncio.wait_for(old.close(), 15)
+        except Exception:   # a stuck consumer may not close cleanly: its stream is cancelled anyway
+            pass
+        try:
+            self.consumer = await self.sub_client.subscribe(self.topic, "work", consumer_type=self.sub_type,
+                                                            initial_position=InitialPosition.Earliest)
+        except Exception as exc:
+            return repr(exc)
+        deadline = time.monotonic() + wait_s
+        while any(i not in self.delivered for i in missing) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return sum(1 for i in missing if i not in self.delivered)
 
     def _client_view(self) -> list[dict]:
         """The SDK consumer's own view, to tell where undelivered messages stopped: frames and

@@ -53,6 +53,8 @@ async def test_stall_probe_tells_a_stuck_consumer_stream_from_a_working_one(faul
         assert before["work_subscription"]["consumers"][0]["msgOutCounter"] > \
             before["client_consumer"][0]["entries_received"], before
         assert rows[0].lost >= stuck["missing_before"]
+        # nothing was lost: once the link works, a new consumer gets what the stuck one did not
+        assert stuck["missing_after_resubscribe"] == 0, stuck
     finally:
         proxy.release()
         await w.close()
