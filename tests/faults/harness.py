@@ -217,6 +217,20 @@ def _task_state(task: asyncio.Task | None) -> str:
     return "returned" if task.exception() is None else repr(task.exception())
 
 
+def _task_where(task: asyncio.Task) -> dict:
+    """Where a pending task waits: its state, its stack (innermost frame last, as
+    'file:line function') and the future it awaits."""
+    frames, coro = [], task.get_coro()
+    while coro is not None and len(frames) < 30:          # the await chain, outermost first
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            frames.append(repr(coro)[:120])
+            break
+        frames.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return {"state": _task_state(task), "stack": frames, "awaiting": repr(getattr(task, "_fut_waiter", None))[:300]}
+
+
 def _payload_number(data: bytes) -> int:
     return int(data.split(b"-")[-1])
 
@@ -328,12 +342,15 @@ class Workload:
         return done
 
     async def _consume(self) -> None:
+        """Receive and acknowledge until ``finish`` cancels this task. It never ends by
+        itself: after the stop, every message acknowledged SO FAR may be delivered while
+        the last sends are still unanswered (slow adds at the end of a fault), and the
+        messages acknowledged after that must be received too (an early return here once
+        left them in the SDK's queue, reported as never delivered)."""
         while True:
             try:
                 msg = await self.consumer.receive(timeout_millis=500)
             except PulsarException as exc:
-                if self._stop.is_set() and self._all_delivered():
-                    return
                 if not isinstance(exc, Timeout):
                     # closed or failed: raised at once, so yield (else this loop spins and
                     # freezes the event loop) and look at self.consumer again (a stall check
@@ -416,6 +433,7 @@ class Workload:
             # Where they stopped, seen from both ends BEFORE anything else moves (a new message
             # or subscription may wake what was stuck), then the probe.
             self.details["before_probe"] = {"client_consumer": self._client_view(),
+                                            "consume_task": _task_where(self._tasks[1]),
                                             "work_subscription": await self._broker_view()}
             probe = self.details["stall_probe"] = await self._probe_stall(self.probe_wait_s)
             if probe["missing_after"]:
@@ -429,6 +447,8 @@ class Workload:
                 self.details[f"{name}_task_error"] = "cancelled before the end"
             elif task.done() and task.exception() is not None:
                 self.details[f"{name}_task_error"] = repr(task.exception())   # the harness's own loop died
+            elif task.done() and name == "consumer":  # it receives until cancelled below
+                self.details["consumer_task_error"] = "returned before the end"
         self._tasks[1].cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._ack_tasks:
@@ -519,7 +539,8 @@ class Workload:
         reconnections, messages still queued, whether a stream is open, permits not yet sent."""
         return [{"frames_received": impl.frames_received, "entries_received": impl.entries_received,
                  "stale_entries_dropped": impl.stale_entries_dropped, "reconnections": impl.reconnections,
-                 "queued": len(impl.queue), "connected": impl._call is not None, "epoch": impl._epoch,
+                 "queued": len(impl.queue), "queue_waiters": len(impl.queue._waiters),
+                 "connected": impl._call is not None, "epoch": impl._epoch,
                  "permits_not_sent": impl.permits.available, "failed": repr(impl.failed),
                  "run_task": _task_state(impl._run_task), "maintenance_task": _task_state(impl._maintenance_task)}
                 for impl in self.consumer._impls()]

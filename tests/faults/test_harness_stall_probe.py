@@ -49,12 +49,50 @@ async def test_stall_probe_tells_a_stuck_consumer_stream_from_a_working_one(faul
         assert stuck["missing_after"] == stuck["missing_before"], stuck
         before = details["before_probe"]
         assert before["client_consumer"][0]["run_task"] == "running", before
+        # where the harness's consumer waits: in the SDK's receive, for the queue
+        where = before["consume_task"]
+        assert where["state"] == "running" and any("receiver_queue.py" in f for f in where["stack"]), where
         # the broker pushed what the consumer never got: its view says so
         assert before["work_subscription"]["consumers"][0]["msgOutCounter"] > \
             before["client_consumer"][0]["entries_received"], before
         assert rows[0].lost >= stuck["missing_before"]
         # nothing was lost: once the link works, a new consumer gets what the stuck one did not
         assert stuck["missing_after_resubscribe"] == 0, stuck
+    finally:
+        proxy.release()
+        await w.close()
+        await proxy.close()
+
+
+async def test_the_consumer_keeps_receiving_while_sends_are_still_pending_at_the_end(fault_cluster, monkeypatch):
+    """The harness's own consumer must not stop while sends are still unanswered: when the
+    last sends are slow to be stored (a paused bookie, an ensemble change, a busy machine),
+    every message acknowledged SO FAR can be delivered while more acknowledgments are yet
+    to come. Before, the consume loop returned at that moment (a receive timeout after the
+    stop, with everything acknowledged so far delivered), and the messages acknowledged
+    afterwards were left in the SDK's queue: reported as never delivered. Here the
+    producer's link is held through a proxy at the end, so its last sends stay pending for
+    2 s after the stop."""
+    rows = []
+    monkeypatch.setattr(harness, "record", rows.append)
+    cluster = fault_cluster(2)
+    await cluster.create_namespace()
+    proxy = await TcpProxy.to_service_url(cluster.service_url).start()
+    w = await Workload(proxy.service_url, consume_url=cluster.service_url, rate=50).start()
+    try:
+        await w.run_for(1.0)
+        proxy.hold()                      # sends from now on stay pending
+        await w.run_for(1.0)
+
+        async def release_later():
+            await asyncio.sleep(2.0)      # the stop comes first, then 2 s without any delivery
+            proxy.release()
+
+        releaser = asyncio.create_task(release_later())
+        row = await w.finish("harness self-test", "producer link held at the end")
+        await releaser
+        assert row.lost == 0 and "consumer_task_error" not in row.details, row.details
+        assert row.acknowledged == len(w.sent_at) > 60, (row.acknowledged, len(w.sent_at))
     finally:
         proxy.release()
         await w.close()
