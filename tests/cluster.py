@@ -74,12 +74,25 @@ class BrokerCluster:
         known = {a.dest for a in p._actions}
         return ("--metadata-store-url", self.etcd.url) if "metadata_store_url" in known else ()
 
-    def start_broker(self, index: int, port: int = 0) -> BrokerProcess:
-        """Start broker ``index`` (data dir ``broker-<index>``) on ``port`` (0 = free)."""
+    def start_broker(self, index: int, port: int = 0, metadata_store_url: str | None = None) -> BrokerProcess:
+        """Start broker ``index`` (data dir ``broker-<index>``) on ``port`` (0 = free);
+        ``metadata_store_url``: its etcd URL when not the cluster's (e.g. through a proxy)."""
         bookies = [b.address for b in self.bookies] if self.static_bookies else []
         proc = BrokerProcess(self.root / f"broker-{index}", bookies, self.config_file,
-                             ("--metadata-store-url", self.etcd.url), self.tracker, port=port)
+                             ("--metadata-store-url", metadata_store_url or self.etcd.url), self.tracker, port=port)
         return proc.start()
+
+    def start_broker_behind_etcd_proxy(self, index: int):
+        """Start broker ``index`` with its etcd link through a ``ThreadedTcpProxy`` (returned
+        with the broker, appended to ``brokers``): ``proxy.hold()`` cuts that one broker off
+        from etcd while its clients stay connected. The caller closes the proxy."""
+        from tests.tcp_proxy import ThreadedTcpProxy
+
+        host, port = self.etcd.url.split("://", 1)[1].rsplit(":", 1)
+        proxy = ThreadedTcpProxy(host, int(port))
+        proc = self.start_broker(index, metadata_store_url=f"etcd://{proxy.address}")
+        self.brokers.append(proc)
+        return proc, proxy
 
     @property
     def live_brokers(self) -> list[BrokerProcess]:

@@ -20,7 +20,10 @@ path on purpose:
   connection (a stream cut in the middle of a message).
 
 Runs on the test's event loop: ``proxy = await TcpProxy("127.0.0.1", port).start()``,
-``await proxy.close()`` at the end.
+``await proxy.close()`` at the end. ``ThreadedTcpProxy`` runs one on its own event loop in a
+daemon thread, for links that must work while the test's code blocks (a broker process
+started synchronously through a proxy to its etcd): ``p = ThreadedTcpProxy(host, port)``,
+``p.hold()``, ``p.release()``, ``p.close()``.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import asyncio
 import collections
 import logging
 
-__all__ = ["TcpProxy"]
+__all__ = ["TcpProxy", "ThreadedTcpProxy"]
 
 log = logging.getLogger(__name__)
 
@@ -266,3 +269,56 @@ class TcpProxy:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+class ThreadedTcpProxy:
+    """A started ``TcpProxy`` on its own event loop in a daemon thread; the fault methods
+    (``hold``, ``release``, ``cut``, ``refuse``) are called from any thread and take effect
+    before they return. ``address`` / ``port`` as ``TcpProxy``'s."""
+
+    def __init__(self, target_host: str, target_port: int):
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
+        self._thread.start()
+        self.proxy = self._run(TcpProxy(target_host, target_port).start())
+
+    def _run(self, coro, timeout: float = 10.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _call(self, fn, *args):
+        async def call():
+            return fn(*args)
+        return self._run(call())
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    @property
+    def address(self) -> str:
+        return self.proxy.address
+
+    def hold(self) -> None:
+        self._call(self.proxy.hold)
+
+    def release(self) -> None:
+        self._call(self.proxy.release)
+
+    def cut(self) -> int:
+        return self._call(self.proxy.cut)
+
+    def refuse(self, refusing: bool = True) -> None:
+        self._call(self.proxy.refuse, refusing)
+
+    def close(self) -> None:
+        """Close the proxy (resetting its connections) and stop its thread. Idempotent."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.proxy.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()

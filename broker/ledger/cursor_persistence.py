@@ -20,7 +20,9 @@ from bookie.errors import BKException, NoSuchEntryError, NoSuchLedgerError
 from proto import metadata_pb2
 
 from .batch_index import BatchDeletedIndexes
-from .errors import ManagedCursorError
+from broker.metadata.store import BadVersion, NotFound
+
+from .errors import ManagedCursorError, ManagedLedgerFencedError
 from .position import Position
 
 __all__ = ["CursorPersistence", "PositionInfo", "ENTRY_MARGIN_BYTES", "MAX_RANGES_IN_METADATA"]
@@ -141,6 +143,14 @@ class CursorPersistence:
                 mark_delete = self.mark_delete_position
                 try:
                     await self._persist_once()
+                except ManagedLedgerFencedError as exc:
+                    # another owner took the cursor over (or this broker lost the bundle): no
+                    # fallback, no retry; the topic closes and is reloaded from the store
+                    self._unpersisted = True
+                    for w in waiters:
+                        if not w.done():
+                            w.set_exception(exc)
+                    continue
                 except Exception as exc:
                     log.error("[%s] cursor %s: writing the cursor ledger failed: %s; persisting the position "
                               "to the metadata store", self.ml.name, self.name, exc)
@@ -297,6 +307,20 @@ class CursorPersistence:
                 f"the metadata store (max {MAX_RANGES_IN_METADATA}) while the cursor ledger cannot be written")
         await self._write_info(cursor_ledger_id=-1, with_state=True)
 
+    async def _take_over_info(self, raw: bytes) -> None:
+        """Rewrite the ManagedCursorInfo just read (``raw`` bytes) at the version it was read at: the
+        recovering owner bumps the node's version so a previous owner's late compare-and-set fails.
+        Raises ManagedLedgerFencedError when another broker changed it meanwhile (or this broker may
+        not write it)."""
+        async with self._info_lock:
+            await self.ml.check_metadata_write()
+            try:
+                self._info_version = await self.ml.metadata.put(self.path, raw, expected_version=self._info_version)
+            except (BadVersion, NotFound) as exc:
+                self.ml._fence(ManagedLedgerFencedError(
+                    f"managed ledger {self.ml.name}: cursor {self.name} changed while being recovered ({exc})"))
+                raise self.ml._fenced from None
+
     async def _write_info(self, create: bool = False, cursor_ledger_id: Optional[int] = None,
                           with_state: bool = False) -> None:
         """Write ManagedCursorInfo (compare-and-set on its version; one writer at a
@@ -320,6 +344,14 @@ class CursorPersistence:
                     r.lowerEndpoint.ledgerId, r.lowerEndpoint.entryId = lid, first - 1
                     r.upperEndpoint.ledgerId, r.upperEndpoint.entryId = lid, last
                 info.batchedEntryDeletionIndexInfo.extend(self.batch_deleted.to_protos())
-            self._info_version = await self.ml.metadata.put(
-                self.path, info.SerializeToString(),
-                expected_version=-1 if create else self._info_version)
+            await self.ml.check_metadata_write()
+            try:
+                self._info_version = await self.ml.metadata.put(
+                    self.path, info.SerializeToString(),
+                    expected_version=-1 if create else self._info_version)
+            except (BadVersion, NotFound) as exc:
+                # ManagedCursorImpl: a BadVersion on the cursor node means another broker owns the
+                # cursor now (its recovery bumped the version): fenced, never retried
+                self.ml._fence(ManagedLedgerFencedError(
+                    f"managed ledger {self.ml.name}: cursor {self.name} taken over by another owner ({exc})"))
+                raise self.ml._fenced from None

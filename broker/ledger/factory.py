@@ -31,6 +31,9 @@ class ManagedLedgerFactory:
                                                c.managed_ledger_cache_eviction_interval_ms,
                                                c.managed_ledger_cache_eviction_time_threshold_millis)
         self._ledgers: dict[str, ManagedLedger] = {}
+        # ``async guard(ml_name) -> None | str``: a reason why this broker may not write the managed
+        # ledger's metadata now (session lost, bundle not owned); None: no check (standalone broker)
+        self.metadata_write_guard = None
         self._opening: dict[str, asyncio.Task] = {}
 
     async def open(self, name: str) -> ManagedLedger:

@@ -182,6 +182,11 @@ class ManagedCursor(CursorPersistence):
                 cursor.batch_deleted.remove(pos)
         cursor.read_position = ml.next_position(cursor.mark_delete_position)
         cursor.persistent_mark_delete_position = cursor.mark_delete_position
+        # Take the node over: a write that bumps its version, so that a late compare-and-set of the
+        # previous owner (a broker cut off from the metadata store, or paused) at the version it read
+        # fails instead of overwriting this owner's state (its write then fences it). The bytes are
+        # the ones just read: the node keeps naming the recovered cursor ledger until the first persist.
+        await cursor._take_over_info(res.value)
         # As Pulsar does (state NoLedger), the first persist creates a fresh cursor
         # ledger holding the whole state; the old one is deleted after that.
         log.info("[%s] cursor %s recovered: mark-delete %s, %d acked holes, %d batch entries", ml.name, name,

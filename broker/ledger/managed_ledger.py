@@ -81,6 +81,7 @@ class ManagedLedger(LedgerPositions):
         self._add_waiters: list[asyncio.Future] = []  # resolved at the next confirmed add (or close)
         self._closed = False
         self._fenced: Optional[Exception] = None
+        self._fenced_listeners: list = []   # called with the error once fenced (the topic closes)
         self._info_lock = asyncio.Lock()
         self._trim_task: Optional[asyncio.Task] = None
         self.entries_added_total = 0
@@ -133,6 +134,7 @@ class ManagedLedger(LedgerPositions):
 
     async def _store_info(self) -> None:
         async with self._info_lock:
+            await self.check_metadata_write()
             data = self._info().SerializeToString()
             try:
                 self._info_version = await self.metadata.put(
@@ -153,6 +155,34 @@ class ManagedLedger(LedgerPositions):
         if self._fenced is None:
             log.error("%s", exc)
             self._fenced = exc
+            for listener in list(self._fenced_listeners):
+                try:
+                    listener(exc)
+                except Exception:  # noqa: BLE001 - a listener's bug must not hide the fencing
+                    log.exception("[%s] fenced listener failed", self.name)
+
+    def add_fenced_listener(self, listener) -> None:
+        """Call ``listener(ManagedLedgerFencedError)`` once, when this instance is fenced (another
+        owner took it over, or this broker may no longer write its metadata): the topic closes and
+        is reloaded from the store (Pulsar's ManagedLedgerFencedException closing a PersistentTopic)."""
+        self._fenced_listeners.append(listener)
+
+    async def check_metadata_write(self) -> None:
+        """Raise ManagedLedgerFencedError unless this instance may still write its metadata (ledger
+        list, cursor nodes): not fenced, and the factory's ``metadata_write_guard`` (the broker's bundle
+        ownership and metadata session, ``NamespaceService.metadata_write_refusal``) has no objection.
+        A refusal fences this instance: a broker that lost its session or its bundle writes nothing
+        more for the topic (Pulsar: ManagedLedgerFactoryImpl.isMetadataServiceAvailable, and the
+        topic closed when its bundle is no longer owned)."""
+        if self._fenced is not None:
+            raise self._fenced
+        guard = self.factory.metadata_write_guard
+        if guard is None:
+            return
+        refusal = await guard(self.name)
+        if refusal is not None:
+            self._fence(ManagedLedgerFencedError(f"managed ledger {self.name}: metadata write refused: {refusal}"))
+            raise self._fenced
 
     async def _create_ledger(self) -> None:
         c = self.config

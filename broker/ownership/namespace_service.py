@@ -81,6 +81,7 @@ class NamespaceService:
         self._overloaded_before: Optional[str] = None
         self._channels: dict[str, object] = {}
         self._session_lost_at: Optional[float] = None
+        self.has_session = True   # False from SESSION_LOST (set synchronously) to SESSION_REESTABLISHED
 
     # ---- life cycle -------------------------------------------------------
     async def start(self) -> None:
@@ -90,6 +91,9 @@ class NamespaceService:
         self._unwatch.append(self.store.watch(self._on_change, prefix=LOCAL_POLICIES_ROOT))
         self._unwatch.append(self.store.watch(self._on_change, prefix=LEADER_PATH))
         self._unwatch.append(self.store.add_session_listener(self._on_session_event))
+        self._unwatch.append(self.store.add_session_listener(self._on_session_state))
+        # every managed-ledger / cursor metadata write of this broker asks first (zombie fencing)
+        self.service.ml_factory.metadata_write_guard = self.metadata_write_refusal
         await self.publish_load_report()
         await self._elect()
         self._tasks.append(asyncio.create_task(self._report_loop(), name="load-report"))
@@ -193,6 +197,26 @@ class NamespaceService:
             state = "being unloaded" if str(bundle) in self.unloading else "not owned by this broker"
             raise ServiceNotReady(f"topic {topic} is not served by this broker ({self.service_url}): its bundle "
                                   f"{bundle} is {state}; look it up again")
+
+    async def metadata_write_refusal(self, ml_name: str) -> Optional[str]:
+        """Why this broker may not write the metadata of managed ledger ``ml_name``
+        (``tenant/ns/persistent/topic``) now, or None when it may: it must hold its metadata
+        session and own the topic's bundle (unloading included: the closing topic writes its
+        last state). Pulsar checks the same before a topic's ledgers are touched
+        (``isMetadataServiceAvailable``, ``checkTopicNsOwnership``). The ``ManagedLedgerFactory``'s
+        ``metadata_write_guard``: a refusal fences the managed ledger."""
+        if not self.has_session or getattr(self.store, "session_lease_id", 0) is None:
+            return f"broker {self.service_url} lost its metadata store session"
+        tenant, ns, domain, local = ml_name.split("/", 3)
+        try:
+            bundle = await self.bundle_of(TopicName.get(f"{domain}://{tenant}/{ns}/{local}"))
+        except Exception as exc:  # noqa: BLE001 - cannot tell: refuse, as Pulsar does
+            return f"ownership of {ml_name} unknown ({exc})"
+        if str(bundle) not in self.owned:
+            return f"bundle {bundle} is not owned by broker {self.service_url}"
+        if not self.has_session:
+            return f"broker {self.service_url} lost its metadata store session"
+        return None
 
     # ---- lookup --------------------------------------------------------------
     async def lookup(self, topic: str, authoritative: bool = False):
@@ -573,6 +597,14 @@ class NamespaceService:
                 await self.service.unload_topic(name)
             except Exception as exc:  # noqa: BLE001
                 log.warning("closing %s after losing its bundle: %s", name, exc)
+
+    def _on_session_state(self, event: str) -> None:
+        # synchronous (runs inside the store's event): no metadata write slips in before the
+        # asynchronous listener below has dropped the bundles
+        if event == SessionEvent.SESSION_LOST:
+            self.has_session = False
+        elif event == SessionEvent.SESSION_REESTABLISHED:
+            self.has_session = True
 
     async def _on_session_event(self, event: str) -> None:
         if event == SessionEvent.SESSION_LOST:

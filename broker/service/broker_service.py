@@ -165,6 +165,9 @@ class BrokerService:
         ml = await self.ml_factory.open(tn.persistence_naming)
         self._apply_retention(ml, policies)
         topic = PersistentTopic(self, tn, ml, self.dedup_enabled(policies))
+        # a fenced managed ledger (taken over by another owner, or this broker lost the bundle or
+        # its session) closes the topic; the next lookup loads it again from the store
+        ml.add_fenced_listener(topic._add_failed)
         await topic.initialize()
         if bundle is not None and not self.namespace_service.serves_bundle(bundle):
             # the bundle was unloaded (or lost) while the topic loaded: an unload only closes
