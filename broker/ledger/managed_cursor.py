@@ -43,7 +43,7 @@ from proto import metadata_pb2
 
 from .batch_index import BatchDeletedIndexes
 from .cursor_persistence import CursorPersistence
-from .errors import InvalidCursorPosition, InvalidMarkDeletePosition, ManagedCursorError
+from .errors import InvalidCursorPosition, InvalidMarkDeletePosition, ManagedCursorError, ManagedLedgerError
 from .position import Entry, Position
 from .range_set import AckRangeSet
 
@@ -446,7 +446,7 @@ class ManagedCursor(CursorPersistence):
         if self.durable:
             try:
                 await self.flush()
-            except ManagedCursorError as exc:
+            except ManagedLedgerError as exc:   # persist failed, or fenced (another owner)
                 log.warning("[%s] cursor %s: final persist failed: %s", self.ml.name, self.name, exc)
             self.last_active = int(time.time() * 1000)
             if self._cursor_ledger is not None and not self._unpersisted:

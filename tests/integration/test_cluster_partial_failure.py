@@ -112,3 +112,63 @@ async def test_a_broker_cut_off_from_etcd_writes_no_cursor_metadata_and_the_new_
     log = _log(b0)
     assert "metadata write refused" in log or "taken over by another owner" in log, \
         "the cut-off broker must refuse (or be refused) its cursor metadata writes"
+
+
+@pytest.fixture
+async def shared_meta(tmp_path):
+    from broker.metadata import SqliteMetadataStore
+
+    store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
+    yield store
+    await store.close()
+
+
+async def test_a_cursor_taken_over_by_a_new_owner_fences_the_old_one_instead_of_failing_forever(
+        bookie_factory, shared_meta):
+    """Two owners of one managed ledger over one metadata store and real bookies (a zombie
+    broker and the new owner): the new owner's recovery bumps the cursor node's version;
+    the zombie's next cursor metadata write then fails with BadVersion, which fences its
+    managed ledger once (listeners told: the topic closes and reloads) instead of an
+    acknowledgment retried forever, and leaves the new owner's node untouched."""
+    from bookie.client import BookKeeper
+    from broker.ledger.errors import ManagedLedgerFencedError
+    from broker.ledger.factory import ManagedLedgerFactory
+    from broker.ledger.ml_config import ManagedLedgerConfig
+
+    addrs = [bookie_factory().address for _ in range(2)]
+    config = ManagedLedgerConfig(managed_ledger_default_ensemble_size=2, managed_ledger_default_write_quorum=2,
+                                 managed_ledger_default_ack_quorum=2)
+    name = "public/default/persistent/two-owners"
+    bk_old, bk_new = BookKeeper(shared_meta, addrs), BookKeeper(shared_meta, addrs)
+    old_factory, new_factory = ManagedLedgerFactory(shared_meta, bk_old, config), ManagedLedgerFactory(
+        shared_meta, bk_new, config)
+    try:
+        old = await old_factory.open(name)
+        fenced = []
+        old.add_fenced_listener(fenced.append)
+        cursor = await old.open_cursor("sub", initial_position="earliest")
+        positions = [await old.add_entry(b"m%d" % i) for i in range(10)]
+        await cursor.mark_delete(positions[3])
+
+        new = await new_factory.open(name)                      # the new owner recovers (and fences) it
+        node = await shared_meta.get(new.cursors["sub"].path)
+        await new.cursors["sub"].mark_delete(positions[5])
+        after_new = await shared_meta.get(new.cursors["sub"].path)
+        assert after_new.version > node.version
+
+        cursor._abandon_cursor_ledger()                         # the zombie's next persist writes the node
+        with pytest.raises(ManagedLedgerFencedError):
+            await cursor.mark_delete(positions[7])
+        assert len(fenced) == 1 and isinstance(fenced[0], ManagedLedgerFencedError)
+        with pytest.raises(ManagedLedgerFencedError):           # fenced for good: no retry
+            await cursor.mark_delete(positions[8])
+        assert len(fenced) == 1
+        assert await shared_meta.get(new.cursors["sub"].path) == after_new   # the new owner's state stands
+        await old.close()                                       # a fenced ledger writes nothing at close
+        assert await shared_meta.get(new.cursors["sub"].path) == after_new
+        recovered = await ManagedLedgerFactory(shared_meta, BookKeeper(shared_meta, addrs), config).open(name)
+        assert recovered.cursors["sub"].mark_delete_position == positions[5]
+    finally:
+        await new_factory.close()
+        await bk_old.close()
+        await bk_new.close()
