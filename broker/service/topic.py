@@ -20,7 +20,7 @@ from proto import broker_pb2 as pb
 
 from .consumer import Consumer
 from .dedup import REPLICATOR_PREFIX, DedupStatus, MessageDeduplication
-from .errors import InvalidArgument, NotFound, ServiceNotReady
+from .errors import InvalidArgument, NotFound, PreconditionFailed, ServiceNotReady
 from .subscription import Subscription
 
 if TYPE_CHECKING:
@@ -280,6 +280,12 @@ class PersistentTopic:
             if status is DedupStatus.UNKNOWN:
                 raise ServiceNotReady(f"cannot tell yet whether sequence id {send.sequence_id} of {producer.name} "
                                       f"is a duplicate (still being persisted); retry")
+            if status is DedupStatus.BEHIND:
+                raise PreconditionFailed(
+                    f"sequence id {send.sequence_id} of producer {producer.name} on {self.name} is below the last "
+                    f"stored one ({self.dedup.last_sequence_id(producer.name)}): not stored now. It was either stored "
+                    f"before or overtaken by later sends after a send timeout; deduplication cannot tell which, "
+                    f"so it is refused rather than acknowledged as a duplicate (-1:-1)")
         n = max(1, send.num_messages)
         try:
             ml_future = self.ml.add_entry_nowait(data)
@@ -308,7 +314,7 @@ class PersistentTopic:
                 self.last_data_publish_ms = int(time.time() * 1000)
             if self.controller is not None:
                 self.controller.note_entry(pos, md, data)
-            if check_dedup and self.dedup.record_persisted(producer.name, highest):
+            if check_dedup and self.dedup.record_persisted(producer.name, highest, send.sequence_id):
                 self._dedup_snapshot(pos)
             if self.write_fenced:
                 self._maybe_unfence()   # after recording it persisted: the rewind keeps it
