@@ -285,6 +285,11 @@ class AsyncClient:
         owner.  Raises as ``lookup_topic``."""
         return self.broker_stub(await self.lookup_topic(topic))
 
+    def mark_host_unresponsive(self, target: str) -> None:
+        """``target`` (``"host:port"``) left a stream unanswered (send or ack timeout, a
+        paused broker): the next lookups start at the following host of the service URL."""
+        self._resolver.mark_failed(target)
+
     def invalidate_lookup(self, topic: str) -> None:
         """Forget ``topic``'s cached lookup answer (its stream failed, was refused
         as not served there, or the connection dropped): the next

@@ -90,6 +90,7 @@ class Producer:
         self._last: SendCompletion | None = None
         self._wakeup = asyncio.Event()
         self._call = None
+        self._abandon: asyncio.Future | None = None   # set by _abandon_stream: leave the current stream
         self._broker = None  # client.lookup.LookupResult of the current / last connection attempt
         self._created: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
@@ -179,7 +180,13 @@ class Producer:
         sequence id, in increasing order, Pulsar #15413).  A message the broker
         refused and then dropped as a duplicate of later messages it stored
         meanwhile was never stored: that send raises ``ServiceNotReady``, it
-        does not return -1:-1."""
+        does not return -1:-1.  An application ``sequence_id`` below ids the
+        broker stored after it, that was itself never stored (skipped, or failed
+        by a send timeout while later sends got through), is refused with
+        ``PreconditionFailed``, not answered -1:-1.  A send timeout
+        (``send_timeout_millis``) fails every pending message of the producer
+        with ``Timeout``, in send order (Pulsar's failPendingMessages), and the
+        producer looks its topic up again through another host."""
         fut = self._loop.create_future()
         self._send(content, _future_callback(fut), properties, partition_key, ordering_key, sequence_id,
                    event_timestamp, replication_clusters, disable_replication, deliver_after, deliver_at)
@@ -287,8 +294,17 @@ class Producer:
         if expired:
             exc = Timeout(f"message(s) not persisted within send_timeout_millis={self._conf.send_timeout_millis} "
                           f"on {self._topic} (producer {self._name}); check the broker, or raise the timeout")
+            # ProducerImpl.failPendingMessages: a send timeout fails every pending message, in order
+            # (the batch being built included), so that nothing sent later is stored while an
+            # earlier one failed: the application's resends keep its order
+            expired += self._queue.clear()
             for op in expired:
                 self._settle_op_failure(op, exc)
+            for msg in self._acc.take_batch():
+                self._settle(msg, exc, None)
+            # the stream that left them unanswered is not trusted any more (a paused owner keeps
+            # its TCP connection open): drop it and look the topic up again through another host
+            self._abandon_stream(f"no receipt within send_timeout_millis={self._conf.send_timeout_millis}")
         if self._timeout_timer is None:
             self._arm_timeout_timer()
 
@@ -372,12 +388,25 @@ class Producer:
         log.info("[%s] [%s] producer ready on %s (last sequence id %s, max message size %s bytes)", self._topic,
                  self._name, getattr(self._broker, "broker_url", "?"), ok.last_sequence_id, ok.max_message_size)
 
+    def _abandon_stream(self, why: str) -> None:
+        """Give up the current stream (``why``: no answer in time): the connection task looks the
+        topic up again, starting at another host of the service URL than this owner's."""
+        abandon = self._abandon
+        if abandon is not None and not abandon.done():
+            if self._broker is not None and not self._broker.proxy_through_service_url:
+                self._client.mark_host_unresponsive(self._broker.target)
+            abandon.set_result(why)
+
     async def _serve(self, call) -> None:
         self._call = call
+        self._abandon = self._loop.create_future()
         writer = self._loop.create_task(self._write_loop(call))
         reader = self._loop.create_task(self._read_loop(call))
         try:
-            done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({writer, reader, self._abandon}, return_when=asyncio.FIRST_COMPLETED)
+            if self._abandon.done():
+                raise ConnectError(f"producer stream of {self._topic} abandoned: {self._abandon.result()}; "
+                                   "looking the topic up again")
             if reader not in done:  # writer ended: half-closed on close(), or failed
                 if writer.exception() is not None:
                     raise writer.exception()

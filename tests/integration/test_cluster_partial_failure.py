@@ -172,3 +172,68 @@ async def test_a_cursor_taken_over_by_a_new_owner_fences_the_old_one_instead_of_
         await new_factory.close()
         await bk_old.close()
         await bk_new.close()
+
+
+# ---- case 4: a send timeout never turns into a silent drop --------------------------------------
+async def test_a_send_timeout_fails_every_pending_message_in_order(standalone):
+    """Five sends, then five more 60 % of the send timeout later, all held by a proxy that
+    forwards nothing: when the first five time out, the last five fail too, in send
+    order (Pulsar's failPendingMessages), although their own timeout has not passed; so
+    when the link comes back none of the later ones is stored while an earlier one failed."""
+    from client.errors import Timeout
+    from tests.tcp_proxy import TcpProxy
+
+    topic = "persistent://public/default/send-timeout-order"
+    async with TcpProxy.to_service_url(standalone.service_url) as proxy:
+        async with AsyncClient(proxy.service_url, operation_timeout_seconds=30) as client:
+            producer = await client.create_producer(topic, producer_name="p-timeout", send_timeout_millis=2000,
+                                                    batching_enabled=False)
+            await producer.send(b"before")
+            settled = []
+
+            def note(i):
+                def cb(exc, mid):
+                    settled.append((i, type(exc).__name__ if exc is not None else str(mid)))
+                return cb
+
+            proxy.hold()
+            for i in range(5):
+                producer.send_async(b"early-%d" % i, note(i))
+            await asyncio.sleep(1.2)
+            for i in range(5, 10):
+                producer.send_async(b"late-%d" % i, note(i))
+            deadline = time.monotonic() + 10
+            while not settled and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            proxy.release()                      # the late five's own timeout has 1 s to go
+            deadline = time.monotonic() + 10
+            while len(settled) < 10 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert settled == [(i, Timeout.__name__) for i in range(10)], settled
+            assert (await producer.send(b"after")).entry_id >= 0        # the producer serves again
+            await producer.close()
+
+
+async def test_a_resent_sequence_id_never_stored_is_refused_not_acknowledged_as_duplicate(standalone):
+    """Ids 0-2 and 6 stored, 3-5 never (a send timeout failed them while 6 got through):
+    a resend of 4 must fail with a clear error, not come back as MessageId(-1, -1)
+    (stored nowhere); a resend of a stored id still is a duplicate."""
+    from client.errors import PreconditionFailed
+    from client.producer import is_duplicate
+
+    from tests.procs import ensure_namespace
+
+    await ensure_namespace(standalone.service_url, "public/seq-behind")     # its own: the standalone is shared
+    topic = "persistent://public/seq-behind/t"
+    await admin_call(int(standalone.service_url.rsplit(":", 1)[1]), "namespaces.set_deduplication",
+                     {"namespace": "public/seq-behind", "enabled": True})
+    async with AsyncClient(standalone.service_url) as client:
+        producer = await client.create_producer(topic, producer_name="p-behind", batching_enabled=False)
+        for seq in (0, 1, 2, 6):
+            assert not is_duplicate(await producer.send(b"m%d" % seq, sequence_id=seq))
+        assert is_duplicate(await producer.send(b"m1", sequence_id=1))          # stored: a real duplicate
+        with pytest.raises(PreconditionFailed, match="below the last stored one"):
+            await producer.send(b"m4", sequence_id=4)
+        assert not is_duplicate(await producer.send(b"m7", sequence_id=7))     # the producer goes on
+        await producer.close()
