@@ -211,7 +211,9 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
     to 1 s, until ``retry_for`` seconds have passed (0: one round; the total
     never exceeds ``timeout`` seconds).
 
-    Raises the broker's error as soon as a host answers with one (that host
+    A host answering ``MetadataSessionLost`` (a broker that lost its metadata session:
+    "ask another broker") counts as unreachable for this call: the next host is asked at
+    once. Raises the broker's error as soon as a host answers with one (that host
     becomes ``resolver.current``): as ``client.errors`` (``map_rpc_error``), or
     the ``grpc.aio.AioRpcError`` itself when ``map_errors`` is False;
     ``Timeout`` when a connected host did not answer within ``timeout`` (that
@@ -243,6 +245,12 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
                                                                     wait_for_ready=False)
             except grpc.aio.AioRpcError as exc:
                 if not is_connection_failure(exc):
+                    refusal = map_rpc_error(exc, what)
+                    if getattr(refusal, "try_another_host", False):
+                        # a broker without its metadata session (MetadataSessionLost): the next host now
+                        reasons[target] = refusal.message
+                        resolver.mark_failed(target)
+                        continue
                     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                         resolver.mark_failed(target)  # a stuck host (paused broker): the next call starts elsewhere
                     else:

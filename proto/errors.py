@@ -17,7 +17,7 @@ __all__ = [
     "Timeout", "AlreadyClosed", "AuthenticationError", "AuthorizationError", "InvalidTopicName",
     "InvalidConfiguration", "ConnectError", "ProducerQueueIsFull", "CorruptedMessage",
     "ChecksumError", "NotAllowed", "TopicTerminated", "NotFound", "AlreadyExists", "PreconditionFailed",
-    "ServiceNotReady", "InvalidArgument", "error_from_status", "to_status",
+    "ServiceNotReady", "InvalidArgument", "MetadataSessionLost", "error_from_status", "to_status",
 ]
 
 
@@ -301,5 +301,15 @@ class InvalidArgument(PulsarException):
     default_message = "invalid request: check the command's arguments"
 
 
+class MetadataSessionLost(ServiceNotReady):
+    """A broker of a cluster that lost (or cannot reach) its metadata store session answers
+    lookups with this (Pulsar's ServiceNotReady from a broker whose metadata store is not
+    available): it cannot tell who owns a topic, another broker of the service URL can.
+    ``try_another_host``: the client asks the next host of the service URL at once."""
+
+    try_another_host = True
+    default_message = "this broker lost its metadata store session; ask another broker of the cluster"
+
+
 _BY_NAME.update({cls.__name__: cls for cls in (NotFound, AlreadyExists, PreconditionFailed, ServiceNotReady,
-                                               InvalidArgument)})
+                                               InvalidArgument, MetadataSessionLost)})

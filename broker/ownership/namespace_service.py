@@ -82,6 +82,7 @@ class NamespaceService:
         self._channels: dict[str, object] = {}
         self._session_lost_at: Optional[float] = None
         self.has_session = True   # False from SESSION_LOST (set synchronously) to SESSION_REESTABLISHED
+        self.metadata_connected = True   # False from CONNECTION_LOST to RECONNECTED / SESSION_REESTABLISHED
 
     # ---- life cycle -------------------------------------------------------
     async def start(self) -> None:
@@ -226,6 +227,13 @@ class NamespaceService:
         from proto.errors import ServiceNotReady
 
         tn = TopicName.get(topic)
+        if not self.has_session or not self.metadata_connected:
+            known = self._bundles.get(tn.namespace)
+            if not self.has_session or known is None or str(known.find(str(tn))) not in self.owned:
+                from proto.errors import MetadataSessionLost
+                raise MetadataSessionLost(
+                    f"broker {self.service_url} {'lost' if not self.has_session else 'cannot reach'} its metadata "
+                    f"store session and cannot tell who serves {tn}; ask another broker of the cluster")
         bundle = await self.bundle_of(tn)
         owner = await self.owner_of(bundle)
         if owner is not None:
@@ -604,7 +612,11 @@ class NamespaceService:
         if event == SessionEvent.SESSION_LOST:
             self.has_session = False
         elif event == SessionEvent.SESSION_REESTABLISHED:
-            self.has_session = True
+            self.has_session = self.metadata_connected = True
+        elif event == SessionEvent.CONNECTION_LOST:
+            self.metadata_connected = False
+        elif event == SessionEvent.RECONNECTED:
+            self.metadata_connected = True
 
     async def _on_session_event(self, event: str) -> None:
         if event == SessionEvent.SESSION_LOST:

@@ -237,3 +237,40 @@ async def test_a_resent_sequence_id_never_stored_is_refused_not_acknowledged_as_
             await producer.send(b"m4", sequence_id=4)
         assert not is_duplicate(await producer.send(b"m7", sequence_id=7))     # the producer goes on
         await producer.close()
+
+
+# ---- case 3: an owner cut off from etcd sends its clients elsewhere -------------------------------
+async def test_clients_of_an_owner_cut_off_from_etcd_serve_again_through_another_broker(cut_cluster):
+    """The owner's etcd link is held for 15 s while its producer (service URL: that broker
+    first) keeps sending: once its session is lost it closes the topic and answers lookups
+    "ask another broker" (MetadataSessionLost), the client asks the next host at once, and
+    sends are acknowledged again through the new owner while the link is still cut."""
+    c, b0, proxy = cut_cluster
+    topic = "persistent://public/default/cut-owner"
+    async with AsyncClient(b0.service_url) as setup:
+        await (await setup.create_producer(topic)).send(b"owned by b0")
+    b1 = c.start_broker(1)
+    c.brokers.append(b1)
+    url = f"minipulsar://127.0.0.1:{b0.port},127.0.0.1:{b1.port}"
+    async with AsyncClient(url, operation_timeout_seconds=30) as client:
+        producer = await client.create_producer(topic, producer_name="p-cut", send_timeout_millis=0)
+        assert (await producer.send(b"before")).entry_id >= 0
+        proxy.hold()
+        t_cut = time.monotonic()
+        await _wait_log(b0, "session event SessionLost", 20)
+        t_lost = time.monotonic()
+        served_at = None
+        n = 0
+        while time.monotonic() - t_cut < 15:
+            try:
+                await asyncio.wait_for(producer.send(b"during %d" % n), 1.0)
+                if time.monotonic() > t_lost + 0.5:
+                    served_at = time.monotonic()
+                    break
+            except asyncio.TimeoutError:
+                pass
+            n += 1
+        proxy.release()
+        assert served_at is not None, "the producer did not serve again while its owner was cut off from etcd"
+        print(f"\nstall after the owner's session loss: {served_at - t_lost:.1f}s (cut at -{t_lost - t_cut:.1f}s)")
+        assert await owner_of(c, topic, via=b1.port) == b1.service_url
