@@ -47,8 +47,10 @@ class AsyncClient:
     connections is skipped); ``operation_timeout_seconds``: timeout of lookups
     and producer/consumer creation (seconds); ``connection_timeout_ms``: cap of
     the channels' reconnect backoff and the time a host of a multi-host URL
-    gets to accept a connection (ms); ``keep_alive_interval_seconds``: HTTP/2
-    keepalive pings while streams are open; ``max_lookup_redirects``: REDIRECT
+    gets to accept a connection (ms), and a looked-up owner to complete it;
+    ``keep_alive_interval_seconds``: HTTP/2 keepalive pings while streams are open,
+    a connection whose ping is not answered within that interval is closed (its
+    producers and consumers look their topics up again); ``max_lookup_redirects``: REDIRECT
     answers one lookup follows at most (Pulsar's maxLookupRedirects, 20).
     TLS (``client.tls``): a ``minipulsar+ssl://`` URL (or ``use_tls=True``)
     with ``tls_trust_certs_file_path`` (PEM CA bundle; default the system
@@ -278,6 +280,21 @@ class AsyncClient:
         self._check_open()
         self._bind()
         return self._pool.stub(result.target)
+
+    async def connected_stub(self, result: LookupResult) -> PulsarBrokerStub:
+        """``broker_stub(result)`` once its channel is connected: a broker that does not
+        complete the connection within ``connection_timeout_ms`` (a paused process: the
+        kernel accepts, nobody answers) raises ``ConnectError`` and counts as unresponsive,
+        so the next lookup starts at another host (Pulsar's connectionTimeoutMs)."""
+        from client.connection_pool import wait_settled
+        from client.errors import ConnectError
+
+        stub = self.broker_stub(result)
+        if not await wait_settled(self._pool.channel(result.target), self.connection_timeout_ms / 1000):
+            self.mark_host_unresponsive(result.target)
+            raise ConnectError(f"broker {result.broker_url} did not complete the connection within "
+                               f"connection_timeout_ms={self.connection_timeout_ms}; looking up again")
+        return stub
 
     async def stub_for_topic(self, topic: str) -> PulsarBrokerStub:
         """The ``PulsarBrokerStub`` to open ``topic``'s streams on (Pulsar's

@@ -32,12 +32,20 @@ def channel_options(keepalive_interval_seconds: float = 30, connection_timeout_m
     """gRPC channel options: 64 MiB max send/receive message length (bytes),
     keepalive pings every ``keepalive_interval_seconds`` (Pulsar's
     keepAliveIntervalSeconds, default 30 s; only while calls are active; the
-    broker accepts pings up to once a second) with a 10 s ack timeout, and
+    broker accepts pings up to once a second) with an ack timeout of the same
+    interval (an unanswered ping closes the connection), and
     reconnect backoff capped by ``connection_timeout_ms``."""
     return [
         *grpc_message_size_options(MAX_GRPC_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", int(keepalive_interval_seconds * 1000)),
-        ("grpc.keepalive_timeout_ms", 10000),
+        # a ping unanswered for the interval closes the connection (a paused broker keeps its
+        # TCP connection open): its streams fail and reconnect elsewhere
+        ("grpc.keepalive_timeout_ms", int(keepalive_interval_seconds * 1000)),
+        # keep pinging while a stream waits for an answer (gRPC stops after 2 pings without data)
+        ("grpc.http2.max_pings_without_data", 0),
+        # any ping (keepalive or bandwidth probe) unanswered for the interval closes the connection:
+        # without it gRPC waits for a probe ping that a paused broker never answers (1 min)
+        ("grpc.http2.ping_timeout_ms", int(keepalive_interval_seconds * 1000)),
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),

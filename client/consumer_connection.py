@@ -98,7 +98,7 @@ class ConsumerConnection:
         timeout = self._client.operation_timeout_seconds
         self.broker = None
         self.broker = await self._client.lookup_topic(self.topic)
-        call = self._client.broker_stub(self.broker).Consume()
+        call = (await self._client.connected_stub(self.broker)).Consume()
         try:
             async with asyncio.timeout(timeout):
                 await call.write(self._subscribe_request())

@@ -317,7 +317,7 @@ class Producer:
             self._broker = None
             try:
                 self._broker = await self._client.lookup_topic(self._topic)
-                call = self._client.broker_stub(self._broker).Produce()
+                call = (await self._client.connected_stub(self._broker)).Produce()
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
                 # cancellation that lands as the answer arrives, and a producer closed
                 # then would keep its stream (ProducerBusy for its name).

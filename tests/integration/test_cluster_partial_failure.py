@@ -15,7 +15,7 @@ import pytest
 from client import AsyncClient, InitialPosition
 from client.consumer_config import ConsumerType
 from tests.cluster import BrokerCluster
-from tests.integration.test_broker_cluster import admin_call, owner_of
+from tests.integration.test_broker_cluster import _read_all, admin_call, owner_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -274,3 +274,72 @@ async def test_clients_of_an_owner_cut_off_from_etcd_serve_again_through_another
         assert served_at is not None, "the producer did not serve again while its owner was cut off from etcd"
         print(f"\nstall after the owner's session loss: {served_at - t_lost:.1f}s (cut at -{t_lost - t_cut:.1f}s)")
         assert await owner_of(c, topic, via=b1.port) == b1.service_url
+
+
+# ---- case 2: a paused owner's clients leave it --------------------------------------------------
+@pytest.fixture
+def cluster3(tmp_path, process_tracker):
+    return BrokerCluster(tmp_path, process_tracker, brokers=3, bookies=2).start()
+
+
+async def test_clients_of_a_paused_owner_serve_again_while_it_is_still_paused(cluster3):
+    """SIGSTOP of the owner for 15 s (session 2 s) while a producer sends and a consumer
+    receives through a multi-host URL, keepalive 1 s: the unanswered pings close their
+    connection, the owner's bundle moves when its session expires, and both serve again
+    through the new owner while the old one is still paused. Nothing acknowledged is lost
+    or stored twice (dedup on, the SDK resends)."""
+    c = cluster3
+    await admin_call(c.brokers[0].port, "namespaces.set_deduplication", {"namespace": "public/default",
+                                                                         "enabled": True})
+    topic = "persistent://public/default/paused-owner"
+    async with AsyncClient(c.service_url, operation_timeout_seconds=30, keep_alive_interval_seconds=1,
+                           connection_timeout_ms=1000) as client:
+        consumer = await client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared,
+                                          initial_position=InitialPosition.Earliest)
+        producer = await client.create_producer(topic, producer_name="p-paused", send_timeout_millis=0)
+        for n in range(20):
+            await producer.send(str(n).encode())
+        received = set()
+        while len(received) < 20:
+            msg = await consumer.receive(timeout_millis=10000)
+            received.add(int(msg.data()))
+            await consumer.acknowledge_and_wait(msg)
+        victim = c.broker_by_url(await owner_of(c, topic))
+        c.pause(victim)
+        t_pause = time.monotonic()
+        try:
+            stored_during = []
+            sending = asyncio.ensure_future(producer.send(b"20"))
+            n = 21
+            while time.monotonic() - t_pause < 15:
+                done, _ = await asyncio.wait({sending}, timeout=0.2)
+                if done:
+                    stored_during.append((n - 1, time.monotonic() - t_pause))
+                    sending = asyncio.ensure_future(producer.send(str(n).encode()))
+                    n += 1
+                    if len(stored_during) >= 3:
+                        break
+            got_during = None
+            while got_during is None and time.monotonic() - t_pause < 15:
+                try:
+                    msg = await consumer.receive(timeout_millis=500)
+                except Exception:  # noqa: BLE001 - Timeout: not yet
+                    continue
+                received.add(int(msg.data()))
+                await consumer.acknowledge_and_wait(msg)
+                got_during = time.monotonic() - t_pause
+            still_paused = time.monotonic() - t_pause < 15
+        finally:
+            c.resume(victim)
+        assert stored_during, "no send was acknowledged while the old owner was paused"
+        assert got_during is not None and still_paused, "the consumer received nothing while the old owner was paused"
+        print(f"\npaused owner: first send acknowledged {stored_during[0][1]:.1f}s after SIGSTOP, "
+              f"first message received {got_during:.1f}s after it")
+        await asyncio.wait_for(sending, 30)
+        while len(received) < n:
+            msg = await consumer.receive(timeout_millis=15000)
+            received.add(int(msg.data()))
+            await consumer.acknowledge_and_wait(msg)
+        assert received == set(range(n))
+        stored = [int(x) for x in await _read_all(client, topic)]
+        assert sorted(stored) == list(range(n)), "every acknowledged send stored exactly once"

@@ -93,6 +93,12 @@ class FakeClient:
     def broker_stub(self, result):
         return self.stub
 
+    async def connected_stub(self, result):
+        return self.stub
+
+    def mark_host_unresponsive(self, target):
+        pass
+
     def invalidate_lookup(self, topic):
         self.invalidated.append(topic)
 

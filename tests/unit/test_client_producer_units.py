@@ -159,7 +159,8 @@ def test_retry_is_decided_by_the_exception_attributes_only():
     for cls in classes:
         assert is_retriable(cls()) is bool(cls.retriable), cls
         assert not cls.retriable_at_creation or cls.retriable, cls  # retried at creation -> retried later too
-    assert {c.__name__ for c in classes if c.retriable_at_creation} == {"Timeout", "ConnectError", "ServiceNotReady"}
+    assert {c.__name__ for c in classes if c.retriable_at_creation} == {"Timeout", "ConnectError", "ServiceNotReady",
+                                                                       "MetadataSessionLost"}
     # Busy: a reconnecting handle retries (the broker may not have seen the old stream close), a first create fails
     assert errors.ProducerBusy.retriable and not errors.ProducerBusy.retriable_at_creation
     assert errors.ConsumerBusy.retriable and not errors.ConsumerBusy.retriable_at_creation
