@@ -226,6 +226,7 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
     deadline = start + timeout
     backoff = Backoff(0.1, 1.0)
     reasons: dict[str, str] = {}
+    refusals: dict[str, grpc.aio.AioRpcError] = {}   # hosts that answered "ask another broker"
     while True:
         for target in resolver.candidates():
             remaining = deadline - loop.time()
@@ -249,6 +250,7 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
                     if getattr(refusal, "try_another_host", False):
                         # a broker without its metadata session (MetadataSessionLost): the next host now
                         reasons[target] = refusal.message
+                        refusals[target] = exc
                         resolver.mark_failed(target)
                         continue
                     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -276,6 +278,13 @@ async def call_any_host(pool: ConnectionPool, resolver: ServiceNameResolver, met
         if now - start >= retry_for or now >= deadline:
             break
         await asyncio.sleep(min(backoff.next(), max(0.0, min(deadline, start + retry_for) - now)))
+    if refusals and set(refusals) == set(reasons):
+        # every host answered, none can tell (all without their metadata session: etcd down for the
+        # whole cluster): the broker's retriable refusal, not "cannot connect"
+        last = list(refusals.values())[-1]
+        if not map_errors:
+            raise last
+        raise map_rpc_error(last, what) from None
     url = resolver.url
     text = "; ".join(f"{t}: {r}" for t, r in reasons.items()) or "no answer in time"
     if not url.is_multi_host:
