@@ -129,7 +129,14 @@ class Cluster:
     """
 
     def __init__(self, base: Path, tracker: ProcessTracker, broker_settings: dict[str, Any],
-                 n_bookies: int = 3) -> None:
+                 n_bookies: int = 3, etcd_cluster: bool = False) -> None:
+        # etcd_cluster: a broker cluster instead of one SQLite broker: etcd, ``broker`` (broker 0,
+        # its etcd link through ``etcd_proxy``, a ThreadedTcpProxy the faults hold) and ``broker1``
+        self.etcd_cluster = etcd_cluster
+        self.etcd = None
+        self.etcd_proxy = None
+        self.broker1: Optional[BrokerProcess] = None
+        self.broker_paused = False
         self.base = Path(base)
         self.tracker = tracker
         self.broker_settings = dict(broker_settings)
@@ -150,16 +157,56 @@ class Cluster:
         for i, proc in enumerate(procs):
             self.bookies[i], self.bookie_ports[i], self.bookie_state[i] = proc, proc.port, BOOKIE_UP
         self.config_file.write_text(_toml(self.broker_settings))
-        self.broker = start_broker(self.base / "broker", [b.address for b in procs], self.config_file,
-                                   tracker=self.tracker)
+        if self.etcd_cluster:
+            from tests.procs import start_etcd
+            from tests.tcp_proxy import ThreadedTcpProxy
+
+            self.etcd = start_etcd(self.base / "etcd", tracker=self.tracker)
+            host, port = self.etcd.url.split("://", 1)[1].rsplit(":", 1)
+            self.etcd_proxy = ThreadedTcpProxy(host, int(port))
+            self.broker = start_broker(self.base / "broker", [b.address for b in procs], self.config_file,
+                                       ("--metadata-store-url", f"etcd://{self.etcd_proxy.address}"),
+                                       tracker=self.tracker)
+            # broker 1 starts once the topic is loaded on broker 0 (start_broker1): broker 0 owns it
+            from tests.procs import free_port
+            self.broker1_port = free_port()
+        else:
+            self.broker = start_broker(self.base / "broker", [b.address for b in procs], self.config_file,
+                                       tracker=self.tracker)
         self.broker_port = self.broker.port
 
     def bookie_dir(self, i: int) -> Path:
         return self.base / f"bookie-{i}"
 
+    def start_broker1(self) -> None:
+        """Start broker 1 of the etcd cluster on its reserved port (listed in ``service_url``)."""
+        self.broker1 = _retry_start(lambda: start_broker(
+            self.base / "broker1", [b.address for b in self.bookies], self.config_file,
+            ("--metadata-store-url", self.etcd.url), tracker=self.tracker, port=self.broker1_port))
+
     @property
     def service_url(self) -> str:
+        if self.etcd_cluster:
+            return f"minipulsar://127.0.0.1:{self.broker_port},127.0.0.1:{self.broker1_port}"
         return f"minipulsar://127.0.0.1:{self.broker_port}"
+
+    # -- broker cluster faults (etcd_cluster) ------------------------------------------
+    def cut_etcd(self) -> None:
+        """Hold broker 0's etcd link (nothing forwarded, nothing closed; its clients stay connected)."""
+        self.etcd_proxy.hold()
+
+    def restore_etcd(self) -> None:
+        self.etcd_proxy.release()
+
+    def pause_broker(self) -> None:
+        """SIGSTOP of broker 0 (the caller must :meth:`resume_broker`, in a ``finally``)."""
+        os.kill(self.broker.popen.pid, signal.SIGSTOP)
+        self.broker_paused = True
+
+    def resume_broker(self) -> None:
+        if self.broker is not None and self.broker.is_running():
+            os.kill(self.broker.popen.pid, signal.SIGCONT)
+        self.broker_paused = False
 
     # -- bookies -------------------------------------------------------------------
     def up_bookies(self) -> list[int]:
@@ -216,6 +263,13 @@ class Cluster:
                              f"(status {proc.returncode if proc else '?'})")
             if proc is None or not proc.is_running():
                 self.restart_bookie(i)
+        if self.etcd_proxy is not None:
+            self.restore_etcd()
+            self.resume_broker()
+            if self.broker1 is not None and not self.broker1.is_running():
+                notes.append(f"broker1 had exited by itself (status {self.broker1.returncode})")
+                old1 = self.broker1
+                self.broker1 = _retry_start(lambda: old1.restart(same_port=True))
         if not self.broker_running():
             notes.append(f"broker had exited by itself (status {self.broker.returncode})")
             self.restart_broker()
@@ -235,7 +289,13 @@ class Cluster:
                 self.resume_bookie(i)
             except (ProcessLookupError, AttributeError):
                 pass
+        try:
+            self.resume_broker()
+        except (ProcessLookupError, AttributeError):
+            pass
         self.tracker.kill_all()
+        if self.etcd_proxy is not None:
+            self.etcd_proxy.close()
 
     # -- logs ------------------------------------------------------------------------
     def log_files(self) -> list[Path]:

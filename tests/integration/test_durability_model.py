@@ -138,6 +138,14 @@ BROKER_SETTINGS = {
 if BK_TIMEOUT_KEY is not None:
     BROKER_SETTINGS[BK_TIMEOUT_KEY] = BK_TIMEOUT_S * (1000 if BK_TIMEOUT_KEY.endswith(("_ms", "_millis")) else 1)
 
+# the broker cluster of ClusterDurabilityModel (etcd, 2 brokers): a short session so that the
+# faults "etcd link cut to one broker" and "broker paused past the session" take seconds
+CLUSTER_SESSION_S = 2
+CLUSTER_SETTINGS = {
+    "metadata_store_session_timeout_millis": CLUSTER_SESSION_S * 1000,
+    "load_balancer_report_update_min_interval_millis": 500,
+}
+
 # client-side time bounds (seconds)
 OP_TIMEOUT_S = 10
 SEND_TIMEOUT_S = (3 * BK_TIMEOUT_S + 4) if BK_TIMEOUT_KEY else 6
@@ -168,6 +176,9 @@ def step(fn):
 
 class DurabilityModel(RuleBasedStateMachine):
     base_dir: Path = Path("/tmp/minipulsar-durability-model")
+    # True (ClusterDurabilityModel): two brokers on etcd, broker 0's etcd link through a proxy;
+    # the rules cut_broker_etcd and pause_broker_past_session then apply
+    etcd_cluster = False
     keep_dirs = _env("MINIPULSAR_MODEL_KEEP") == "1"
     _counter = itertools.count(1)
     results: list[dict] = []
@@ -234,10 +245,19 @@ class DurabilityModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------ SDK side (on the loop)
     async def _connect(self) -> None:
         self.client = AsyncClient(self.cluster.service_url, operation_timeout_seconds=OP_TIMEOUT_S,
-                                  connection_timeout_ms=2000)
+                                  connection_timeout_ms=2000,
+                                  **({"keep_alive_interval_seconds": 1} if self.etcd_cluster else {}))
         self.admin = AdminClient(self.cluster.service_url, operation_timeout_seconds=OP_TIMEOUT_S)
-        await self.admin.create_tenant("public")
-        await self.admin.create_namespace("public/default")
+        if self.etcd_cluster:   # the brokers of a cluster create public/default themselves
+            from client.errors import AlreadyExists
+            for create, name in ((self.admin.create_tenant, "public"), (self.admin.create_namespace, "public/default")):
+                try:
+                    await create(name)
+                except AlreadyExists:
+                    pass
+        else:
+            await self.admin.create_tenant("public")
+            await self.admin.create_namespace("public/default")
         await self._ensure_producer()
         await self._ensure_consumer()
 
@@ -369,12 +389,17 @@ class DurabilityModel(RuleBasedStateMachine):
         if not trim:  # keep consumed ledgers: the Reader then sees every stored message
             conf.update(default_retention_time_in_minutes=-1, default_retention_size_in_mb=-1)
         self.batching = batching
-        self.cluster = Cluster(self.dir, self.tracker, conf)
+        if self.etcd_cluster:
+            conf.update(CLUSTER_SETTINGS)
+        self.cluster = Cluster(self.dir, self.tracker, conf, etcd_cluster=self.etcd_cluster)
         self.cluster.start()
         self.log(f"  cluster: bookies {[b.address for b in self.cluster.bookies]}, broker "
                  f"{self.cluster.service_url}, dir {self.dir}")
         self.loop = LoopThread()
         self.loop.run(self._connect(), 60)
+        if self.etcd_cluster:   # the topic is loaded on broker 0 (the only one up): it owns it
+            self.cluster.start_broker1()
+            self.log(f"  broker1 started: {self.cluster.service_url}")
         if initial_sends:  # even hypothesis' simplest examples then have something to check
             self.run(self._send(initial_sends, wait=True))
 
@@ -471,6 +496,35 @@ class DurabilityModel(RuleBasedStateMachine):
             self.run(self._send(sends, wait=False))
         self.fault("unload_topic")
         self.run(self._unload())
+
+    @precondition(lambda self: self.cluster is not None and self.cluster.etcd_proxy is not None)
+    @rule(sends=BURSTS, extra_s=st.sampled_from([1.0, 3.0]))
+    @step
+    def cut_broker_etcd(self, sends, extra_s):
+        """Broker 0's etcd link held (its clients stay connected) past its session: it must write
+        no metadata for the bundles it loses, and its clients must move to broker 1 (issue 33)."""
+        self.cluster.cut_etcd()
+        self.fault("cut_broker_etcd", f"for session + {extra_s}s")
+        try:
+            if sends:
+                self.run(self._send(sends, wait=False))
+            time.sleep(CLUSTER_SESSION_S + extra_s)
+        finally:
+            self.cluster.restore_etcd()
+
+    @precondition(lambda self: self.cluster is not None and self.cluster.etcd_proxy is not None)
+    @rule(sends=BURSTS, extra_s=st.sampled_from([1.0, 3.0]))
+    @step
+    def pause_broker_past_session(self, sends, extra_s):
+        """SIGSTOP of broker 0 past its session: its bundles move; woken, it is fenced (issue 33)."""
+        self.cluster.pause_broker()
+        self.fault("pause_broker_past_session", f"for session + {extra_s}s")
+        try:
+            if sends:
+                self.run(self._send(sends, wait=False))
+            time.sleep(CLUSTER_SESSION_S + extra_s)
+        finally:
+            self.cluster.resume_broker()
 
     # ------------------------------------------------------------------ invariants
     @invariant()
@@ -716,7 +770,7 @@ def test_durability_model(tmp_path):
     print(f"\ndurability model: {EXAMPLES} examples x {STEPS_PER_EXAMPLE} steps, shrink={SHRINK}, "
           f"bookie add timeout key: {BK_TIMEOUT_KEY or 'none (pauses kept short)'}, send timeout "
           f"{SEND_TIMEOUT_S}s, data in {base}", flush=True)
-    factory = DurabilityModel
+    factory = ClusterDurabilityModel if _env("MINIPULSAR_MODEL_CLUSTER") == "1" else DurabilityModel
     if _env("MINIPULSAR_MODEL_SEED"):
         factory = seed(int(_env("MINIPULSAR_MODEL_SEED")))(factory)
     if _env("MINIPULSAR_MODEL_REPRODUCE"):  # the blob of a printed @reproduce_failure(...)
@@ -727,11 +781,22 @@ def test_durability_model(tmp_path):
         print(_totals(DurabilityModel.results), flush=True)
 
 
-def replay_steps(text: str) -> None:
+class ClusterDurabilityModel(DurabilityModel):
+    """The same model over a broker cluster on etcd (two brokers, broker 0's etcd link through
+    a proxy), with the faults of issue 33: etcd link cut to one broker, broker paused past the
+    session. Long runs: ``MINIPULSAR_MODEL_CLUSTER=1`` runs it instead of the single broker."""
+
+    etcd_cluster = True
+
+
+def replay_steps(text: str, factory=None) -> None:
     """Run the state machine on exactly the steps of a printed failing case (``state.rule(k=v)``
     lines, as hypothesis prints them, or an example's ``trace.log``), without hypothesis: a
-    fixed sequence, real timing."""
-    machine = DurabilityModel()
+    fixed sequence, real timing. ``factory``: the machine class (default ``DurabilityModel``;
+    ``MINIPULSAR_MODEL_CLUSTER=1``: ``ClusterDurabilityModel``)."""
+    if factory is None:
+        factory = ClusterDurabilityModel if _env("MINIPULSAR_MODEL_CLUSTER") == "1" else DurabilityModel
+    machine = factory()
     try:
         for line in text.splitlines():
             m = (re.match(r"\s*state\.(\w+)\((.*)\)\s*$", line)
@@ -772,3 +837,22 @@ def test_durability_model_replay_consumer_changes_during_bookie_pauses(tmp_path)
         replay_steps((Path(__file__).parent / "model_replays" / "consumer_changes_during_bookie_pauses.txt").read_text())
     finally:
         print(_totals(DurabilityModel.results), flush=True)
+
+
+@pytest.mark.timeout(300)
+def test_durability_model_replay_broker_cluster_partial_failures(tmp_path):
+    """Issue 33's faults in the model, as a fixed sequence (CI: one example, both faults
+    guaranteed; hypothesis explores them with MINIPULSAR_MODEL_CLUSTER=1): a broker cluster
+    on etcd whose broker 0 first loses its etcd link past the session with sends in flight,
+    then is paused past the session; acknowledgments go on in between. The four promises
+    hold (0 lost, 0 duplicated, 0 rolled back, 0 undelivered)."""
+    DurabilityModel.base_dir = tmp_path
+    DurabilityModel.results = []
+    try:
+        replay_steps((Path(__file__).parent / "model_replays" / "broker_cluster_partial_failures.txt").read_text(),
+                     ClusterDurabilityModel)
+    finally:
+        print(_totals(DurabilityModel.results), flush=True)
+    assert DurabilityModel.results and not DurabilityModel.results[-1]["failed"]
+    assert DurabilityModel.results[-1]["faults"].get("cut_broker_etcd") and \
+        DurabilityModel.results[-1]["faults"].get("pause_broker_past_session")
