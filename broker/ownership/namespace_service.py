@@ -33,6 +33,7 @@ from proto.topic_name import TopicName
 
 from .bundles import Bundle, NamespaceBundles
 from .load_policy import LoadReport, find_bundle_to_shed, select_broker
+from .session_fencing import SessionFencing
 
 __all__ = ["NamespaceService", "OWNERSHIP_ROOT", "BROKERS_ROOT", "LEADER_PATH"]
 
@@ -51,7 +52,7 @@ def _address(service_url: str) -> str:
     return service_url.split("://", 1)[-1]
 
 
-class NamespaceService:
+class NamespaceService(SessionFencing):
     """Bundles, ownership, lookup and load management of one broker of a cluster.
 
     ``service``: the ``BrokerService`` (its ``topics``, ``rates``, ``unload_topic``);
@@ -199,26 +200,6 @@ class NamespaceService:
             raise ServiceNotReady(f"topic {topic} is not served by this broker ({self.service_url}): its bundle "
                                   f"{bundle} is {state}; look it up again")
 
-    async def metadata_write_refusal(self, ml_name: str) -> Optional[str]:
-        """Why this broker may not write the metadata of managed ledger ``ml_name``
-        (``tenant/ns/persistent/topic``) now, or None when it may: it must hold its metadata
-        session and own the topic's bundle (unloading included: the closing topic writes its
-        last state). Pulsar checks the same before a topic's ledgers are touched
-        (``isMetadataServiceAvailable``, ``checkTopicNsOwnership``). The ``ManagedLedgerFactory``'s
-        ``metadata_write_guard``: a refusal fences the managed ledger."""
-        if not self.has_session or getattr(self.store, "session_lease_id", 0) is None:
-            return f"broker {self.service_url} lost its metadata store session"
-        tenant, ns, domain, local = ml_name.split("/", 3)
-        try:
-            bundle = await self.bundle_of(TopicName.get(f"{domain}://{tenant}/{ns}/{local}"))
-        except Exception as exc:  # noqa: BLE001 - cannot tell: refuse, as Pulsar does
-            return f"ownership of {ml_name} unknown ({exc})"
-        if str(bundle) not in self.owned:
-            return f"bundle {bundle} is not owned by broker {self.service_url}"
-        if not self.has_session:
-            return f"broker {self.service_url} lost its metadata store session"
-        return None
-
     # ---- lookup --------------------------------------------------------------
     async def lookup(self, topic: str, authoritative: bool = False):
         """Answer a Lookup (see the module doc). Returns ``LookupAnswer``; raises
@@ -227,13 +208,7 @@ class NamespaceService:
         from proto.errors import ServiceNotReady
 
         tn = TopicName.get(topic)
-        if not self.has_session or not self.metadata_connected:
-            known = self._bundles.get(tn.namespace)
-            if not self.has_session or known is None or str(known.find(str(tn))) not in self.owned:
-                from proto.errors import MetadataSessionLost
-                raise MetadataSessionLost(
-                    f"broker {self.service_url} {'lost' if not self.has_session else 'cannot reach'} its metadata "
-                    f"store session and cannot tell who serves {tn}; ask another broker of the cluster")
+        self.check_lookup_possible(tn)
         bundle = await self.bundle_of(tn)
         owner = await self.owner_of(bundle)
         if owner is not None:
@@ -605,18 +580,6 @@ class NamespaceService:
                 await self.service.unload_topic(name)
             except Exception as exc:  # noqa: BLE001
                 log.warning("closing %s after losing its bundle: %s", name, exc)
-
-    def _on_session_state(self, event: str) -> None:
-        # synchronous (runs inside the store's event): no metadata write slips in before the
-        # asynchronous listener below has dropped the bundles
-        if event == SessionEvent.SESSION_LOST:
-            self.has_session = False
-        elif event == SessionEvent.SESSION_REESTABLISHED:
-            self.has_session = self.metadata_connected = True
-        elif event == SessionEvent.CONNECTION_LOST:
-            self.metadata_connected = False
-        elif event == SessionEvent.RECONNECTED:
-            self.metadata_connected = True
 
     async def _on_session_event(self, event: str) -> None:
         if event == SessionEvent.SESSION_LOST:
