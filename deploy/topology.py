@@ -120,6 +120,7 @@ class BrokerSpec:
 
     port: int
     http_port: int = -1
+    pulsar_port: int = -1      # Pulsar binary protocol (broker_service_port_pulsar); -1 = off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,7 +391,7 @@ class Topology:
         values = dict(self.broker_settings)
         values.update(
             cluster_name=c.name, bookies=self.bookie_addresses(cluster), data_dir=str(data_dir),
-            broker_service_port=b.port, web_service_port=b.http_port,
+            broker_service_port=b.port, web_service_port=b.http_port, broker_service_port_pulsar=b.pulsar_port,
             bind_address=bind_address or self.host, advertised_address=self.host,
             metadata_store_url=self.metadata_store_url(cluster),
             configuration_metadata_store_url=self.configuration_store_url,
