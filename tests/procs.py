@@ -201,23 +201,45 @@ class StandaloneProcess(ServerProcess):
     ready_prefix = "STANDALONE_READY"
 
     def __init__(self, data_dir, extra_args=(), tracker=None, ready_timeout_s: float = 60.0,
-                 port: int = 0) -> None:
+                 port: int = 0, pulsar_port: int = 0) -> None:
         super().__init__(data_dir, extra_args, tracker, ready_timeout_s)
         self.requested_port = port
+        self.requested_pulsar_port = pulsar_port   # Pulsar binary protocol (0 = any free port)
+        self.pulsar_port: int | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "deploy.cli", "standalone", "--port", str(self.requested_port),
-                "--http-port", "0", "--pulsar-port", "0", "--data-dir", str(self.data_dir), *self.extra_args]
+                "--http-port", "0", "--pulsar-port", str(self.requested_pulsar_port),
+                "--data-dir", str(self.data_dir), *self.extra_args]
+
+    def start(self) -> "StandaloneProcess":
+        super().start()
+        try:
+            text = self.stdout_log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = None
+        for m in re.finditer(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} .*pulsar_port=(-?\d+)",
+                             text, re.M):
+            pass
+        self.pulsar_port = int(m.group(1)) if m else None
+        return self
 
     @property
     def service_url(self) -> str:
         return f"minipulsar://127.0.0.1:{self.port}"
 
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://127.0.0.1:<pulsar_port>``: the official Pulsar clients' service URL."""
+        return f"pulsar://127.0.0.1:{self.pulsar_port}"
+
     def restart(self, same_port: bool = True) -> "StandaloneProcess":
         if self.is_running():
             raise RuntimeError(f"{self!r} is still running: terminate() or kill() it first")
         proc = StandaloneProcess(self.data_dir, self.extra_args, self.tracker, self.ready_timeout_s,
-                                 port=self.port if same_port else 0)
+                                 port=self.port if same_port else 0,
+                                 pulsar_port=(self.pulsar_port or 0) if same_port else 0)
         return proc.start()
 
     def kill(self) -> int | None:

@@ -102,9 +102,10 @@ class ConsumerCommands:
     @staticmethod
     def to_service(s: CommandSubscribe) -> pb.Subscribe:
         """The service's Subscribe for a wire SUBSCRIBE (same sub type and initial
-        position numbers). A reader's start id that names a batch message starts at
-        its entry inclusive (the client drops the batch's earlier messages), else
-        after it, as Pulsar's PersistentTopic.getNonDurableSubscription."""
+        position numbers). A reader's start id (not earliest/latest) starts at its
+        entry inclusive: the official clients drop what precedes their start id
+        themselves (the start entry too unless the reader is inclusive, and a
+        batch's earlier messages), and send the same id for both."""
         sub = pb.Subscribe(topic=s.topic, subscription=s.subscription, sub_type=s.subType,
                            consumer_name=s.consumer_name, priority_level=s.priority_level,
                            initial_position=s.initialPosition, durable=s.durable,
@@ -113,7 +114,8 @@ class ConsumerCommands:
             pos = position_of(s.start_message_id)
             sub.start_message_id.ledger_id = pos.ledger_id
             sub.start_message_id.entry_id = pos.entry_id
-            sub.start_message_id_inclusive = pos.ledger_id >= 0 and s.start_message_id.batch_index >= 0
+            sub.start_message_id_inclusive = pos.ledger_id >= 0 and pos.entry_id >= 0 and \
+                pos.ledger_id < (1 << 63) - 1
         return sub
 
     async def _subscribe(self, s: CommandSubscribe) -> None:

@@ -29,6 +29,9 @@ __all__ = ["FRAME_PADDING", "FrameError", "FrameDecoder", "encode_command", "enc
 #: Bytes a frame may exceed max_message_size by (Pulsar's Commands.MESSAGE_SIZE_FRAME_PADDING).
 FRAME_PADDING = 10 * 1024
 _U32 = struct.Struct(">I")
+# BaseCommand's field for each command type carries the type's number (PulsarApi.proto)
+_FIELD_OF_TYPE = {f.number: f.name for f in BaseCommand.DESCRIPTOR.fields if f.number > 1}
+_EMPTY_OK = {BaseCommand.PING, BaseCommand.PONG}
 _U32x2 = struct.Struct(">II")
 
 
@@ -99,6 +102,9 @@ class FrameDecoder:
                 raise FrameError(f"unparsable command: {exc}") from None
             if not cmd.HasField("type"):
                 raise FrameError("command without a known type (an unknown BaseCommand.Type value)")
+            field = _FIELD_OF_TYPE.get(cmd.type)
+            if field is not None and not cmd.HasField(field) and cmd.type not in _EMPTY_OK:
+                raise FrameError(f"{BaseCommand.Type.Name(cmd.type)} without its {field} command")
             if not cmd.IsInitialized():
                 missing = ", ".join(cmd.FindInitializationErrors())
                 raise FrameError(f"{BaseCommand.Type.Name(cmd.type)} lacks required fields: {missing}")
