@@ -184,6 +184,7 @@ class PulsarConnection:
             except Exception as exc:  # noqa: BLE001 - refused: answered, then closed
                 log.info("[%s] CONNECT refused: %s", self.peer, exc)
                 self.send_error(NO_REQUEST, exc)
+                await self.drain()
                 self.close("authentication refused")
                 return
         self.protocol_version = max(1, min(c.protocol_version, MAX_PROTOCOL_VERSION))
