@@ -304,3 +304,99 @@ def test_broker_kill_and_restart_loses_nothing_and_stores_nothing_twice(cluster)
         assert got == [f"m{i}".encode() for i in range(total)]
     finally:
         client.close()
+
+
+def test_chunked_message_is_stored_and_reassembled(pc, cluster):
+    topic = topic_name("chunks")
+    consumer = pc.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = pc.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+    big = bytes(range(256)) * 30_000                   # 7.68 MB: over max_message_size (5 MiB)
+    producer.send(big)
+    producer.send(b"small")
+    first = consumer.receive(RECEIVE_MS)
+    assert first.data() == big
+    assert consumer.receive(RECEIVE_MS).data() == b"small"
+    with SdkClient(cluster["broker"].service_url) as sdk:          # our SDK reassembles the same chunks
+        ours = sdk.subscribe(topic, "sdk", initial_position=SdkInitialPosition.Earliest)
+        assert ours.receive(timeout_millis=RECEIVE_MS).data() == big
+        ours.close()
+
+
+def test_dead_letter_topic_after_max_redeliveries(pc):
+    """(The client's ack timeout, at least 10 s in the C++ client, redelivers through the same
+    REDELIVER_UNACKNOWLEDGED_MESSAGES command as the negative acks here.)"""
+    topic = topic_name("dlq")
+    dlq = topic + "-DLQ"
+    dead = pc.subscribe(dlq, "dead", initial_position=pulsar.InitialPosition.Earliest)
+    consumer = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared,
+                            negative_ack_redelivery_delay_ms=50,
+                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2,
+                                                                                dead_letter_topic=dlq))
+    producer = pc.create_producer(topic, batching_enabled=False)
+    producer.send(b"poison", properties={"p": "1"})
+    counts = []
+    for _ in range(3):
+        msg = consumer.receive(RECEIVE_MS)
+        counts.append(msg.redelivery_count())
+        consumer.negative_acknowledge(msg)
+    assert counts == [0, 1, 2]
+    letter = dead.receive(RECEIVE_MS)
+    assert (letter.data(), letter.properties()["p"]) == (b"poison", "1")
+
+
+def test_multi_topic_and_regex_subscriptions(pc):
+    base = f"persistent://public/default/multi-{uuid.uuid4().hex[:6]}"
+    topics = [f"{base}-a", f"{base}-b"]
+    for t in topics:
+        pc.create_producer(t, batching_enabled=False).send(t.encode())
+    listed = pc.subscribe(topics, "list", initial_position=pulsar.InitialPosition.Earliest)
+    assert sorted(listed.receive(RECEIVE_MS).data() for _ in topics) == sorted(t.encode() for t in topics)
+    import re
+    pattern = pc.subscribe(re.compile(re.escape(base) + "-.*"), "regex",
+                           initial_position=pulsar.InitialPosition.Earliest)
+    assert sorted(pattern.receive(RECEIVE_MS).data() for _ in topics) == sorted(t.encode() for t in topics)
+
+
+def test_json_and_avro_schemas_round_trip(pc):
+    from pulsar.schema import AvroSchema, Integer, JsonSchema, Record, String
+
+    class Flight(Record):
+        carrier = String()
+        delay = Integer()
+
+    for kind, schema in (("json", JsonSchema(Flight)), ("avro", AvroSchema(Flight))):
+        topic = topic_name(f"schema-{kind}")
+        consumer = pc.subscribe(topic, "s", schema=schema, initial_position=pulsar.InitialPosition.Earliest)
+        producer = pc.create_producer(topic, schema=schema)
+        producer.send(Flight(carrier="UA", delay=7))
+        value = consumer.receive(RECEIVE_MS).value()
+        assert (value.carrier, value.delay) == ("UA", 7)
+        producer.close()
+        consumer.close()
+
+
+def test_schema_registry_refuses_an_incompatible_schema(pc):
+    from pulsar.schema import Integer, JsonSchema, Record, String
+
+    def v1():
+        class Flight(Record):
+            carrier = String()
+        return Flight
+
+    def v2():
+        class Flight(Record):           # adds an optional (nullable) field: FULL compatible
+            carrier = String()
+            gate = String()
+        return Flight
+
+    def bad():
+        class Flight(Record):           # drops carrier, adds a required field
+            delay = Integer(required=True)
+        return Flight
+
+    topic = topic_name("schema-compat")
+    pc.create_producer(topic, schema=JsonSchema(v1())).close()
+    pc.create_producer(topic, schema=JsonSchema(v2())).close()
+    with pytest.raises(pulsar.PulsarException) as info:
+        pc.create_producer(topic, schema=JsonSchema(bad()))
+    assert "IncompatibleSchema" in type(info.value).__name__, info.value

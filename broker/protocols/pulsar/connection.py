@@ -58,6 +58,10 @@ class PulsarConnection:
         self.pulsar_url_tls = pulsar_url_tls
         self.peer = writer.get_extra_info("peername")
         self.max_message_size = service.config.max_message_size
+        # What CONNECTED announces: the official clients cut chunks (and check sizes) at this many
+        # payload bytes and add their metadata on top, while the broker's limit covers the whole
+        # entry (metadata included, with room for replication metadata): keep FRAME_PADDING for it.
+        self.client_max_message_size = max(1024, self.max_message_size - FRAME_PADDING)
         self.protocol_version = 0
         self.who = None                      # AuthenticationResult of CONNECT (None: security off)
         self.closed = False
@@ -190,7 +194,7 @@ class PulsarConnection:
         self.protocol_version = max(1, min(c.protocol_version, MAX_PROTOCOL_VERSION))
         self.write_command(BaseCommand(type=T.CONNECTED, connected=CommandConnected(
             server_version=SERVER_VERSION, protocol_version=self.protocol_version,
-            max_message_size=self.max_message_size, feature_flags=FeatureFlags())))
+            max_message_size=self.client_max_message_size, feature_flags=FeatureFlags())))
         log.info("[%s] connected: %s, protocol v%d", self.peer, c.client_version, self.protocol_version)
 
     def _authenticate(self, c):

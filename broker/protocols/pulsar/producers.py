@@ -7,7 +7,8 @@ Receipts go out in send order per producer. A send refused with a retriable erro
 (storage not available, topic closing, dedup state unknown) is not answered: the
 broker closes the producer (CLOSE_PRODUCER) and the client reconnects it and resends
 every message not yet receipted, as it does after Pulsar's own broker-initiated close;
-a non-retriable refusal is a SEND_ERROR for that message only."""
+a non-retriable refusal is a SEND_ERROR (code ChecksumError, the real reason in its
+message) that fails that message only."""
 from __future__ import annotations
 
 import collections
@@ -15,7 +16,7 @@ import logging
 from typing import Optional
 
 from proto import broker_pb2 as pb
-from proto.pulsar_wire_pb2 import BaseCommand, ProducerAccessMode
+from proto.pulsar_wire_pb2 import BaseCommand, ProducerAccessMode, ServerError
 
 from broker.service.edge_commands import submit_send
 from broker.service.errors import InvalidArgument, ServiceNotReady
@@ -74,7 +75,11 @@ class EdgeProducer:
                 self.commands.close_from_broker(self)
                 return
             else:
-                code, message = server_error(exc)
+                # ChecksumError is the one code after which the official clients fail just this
+                # message (any other SEND_ERROR makes them reconnect and resend it forever); the
+                # message names the real refusal (MessageTooBig, InvalidArgument, CorruptedMessage...).
+                _, message = server_error(exc)
+                code = ServerError.ChecksumError
                 conn.write_command(BaseCommand(type=T.SEND_ERROR, send_error={
                     "producer_id": self.producer_id, "sequence_id": seq, "error": code, "message": message}))
 

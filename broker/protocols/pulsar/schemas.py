@@ -6,7 +6,9 @@ partitions sharing their partitioned topic's schema. A version is answered as
 Pulsar's 8-byte big-endian long.
 
 Compatibility (Pulsar's default strategy, FULL, for AVRO and JSON record schemas):
-a new version may add or drop only fields that have a default; another schema type
+a new version may add or drop only fields that have a default (a nullable field, a union
+starting with "null" as the Python client writes optional fields, counts as defaulting
+to null: more lenient than Avro's own resolution); another schema type
 or any other change is refused with IncompatibleSchema. Other types must be equal
 to the last version. A topic's first schema is always accepted."""
 from __future__ import annotations
@@ -39,7 +41,9 @@ def _fields(schema_data: bytes) -> Optional[dict[str, bool]]:
     out = {}
     for f in definition["fields"]:
         if isinstance(f, dict) and isinstance(f.get("name"), str):
-            out[f["name"]] = "default" in f
+            kind = f.get("type")
+            nullable = isinstance(kind, list) and bool(kind) and kind[0] == "null"
+            out[f["name"]] = "default" in f or nullable
     return out
 
 
