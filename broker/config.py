@@ -30,9 +30,10 @@ class BrokerConfig(ManagedLedgerSettings):
     advertised_address: str = "127.0.0.1"
     broker_service_port: int = 6600                                 # gRPC (minipulsar:// URLs)
     # Pulsar's binary protocol for the official clients (Pulsar's brokerServicePort / brokerServicePortTls):
-    # 0 = any free port, -1 = off; the TLS port serves only with tls_enabled (pulsar+ssl://)
+    # 0 = any free port, -1 = off. With tls_enabled every port serves TLS only: the Pulsar protocol is then
+    # on broker_service_port_pulsar_tls (pulsar+ssl://) and broker_service_port_pulsar is not opened
     broker_service_port_pulsar: int = 6650
-    broker_service_port_pulsar_tls: int = -1
+    broker_service_port_pulsar_tls: int = 6651
     web_service_port: int = 8080                                    # HTTP: Prometheus /metrics
     allow_auto_topic_creation: bool = True
     broker_deduplication_enabled: bool = False

@@ -80,8 +80,16 @@ class BrokerServer:
 
     @property
     def pulsar_url(self) -> str:
-        """``pulsar://<advertised_address>:<pulsar_port>`` for the official Pulsar clients ("" when off)."""
-        return self.pulsar_listener.url if self.pulsar_listener is not None else ""
+        """``pulsar://<advertised_address>:<pulsar_port>`` for the official Pulsar clients, or
+        ``pulsar+ssl://...:<TLS port>`` with ``tls_enabled`` ("" when off)."""
+        listener = self.pulsar_listener
+        return "" if listener is None else (listener.url or listener.url_tls)
+
+    @property
+    def pulsar_tls_port(self) -> int:
+        """The bound Pulsar-protocol TLS port (``broker_service_port_pulsar_tls``), -1 when off."""
+        listener = self.pulsar_listener
+        return listener.tls_port if listener is not None and listener.tls_port is not None else -1
 
     @property
     def service_url(self) -> str:

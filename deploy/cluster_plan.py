@@ -299,7 +299,7 @@ def broker_command(python: str, proc: ClusterProcess, data_dir: str, metadata_st
     ``config_file``: extra BrokerConfig keys (the quorums)."""
     cmd = [python, "-m", "broker", "--metadata-store-url", metadata_store_url, "--bookies", ",".join(bookies),
            "--data-dir", data_dir, "--port", str(proc.port), "--http-port", str(proc.http_port),
-           "--pulsar-port", "0", "--cluster-name", cluster_name]
+           "--pulsar-port", "0", "--pulsar-tls-port", "0", "--cluster-name", cluster_name]
     if config_file:
         cmd += ["--config", config_file]
     return cmd

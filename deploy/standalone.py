@@ -98,7 +98,7 @@ def standalone_config(args, bookie_ports: list[int], data: Path):
     quorum = min(2, len(bookie_ports))
     values = {**base, "cluster_name": args.cluster_name, "bookies": [f"127.0.0.1:{p}" for p in bookie_ports],
               "data_dir": str(data / "broker"), "broker_service_port": args.port, "web_service_port": args.http_port,
-              "broker_service_port_pulsar": args.pulsar_port,
+              "broker_service_port_pulsar": args.pulsar_port, "broker_service_port_pulsar_tls": args.pulsar_tls_port,
               "managed_ledger_default_ensemble_size": quorum, "managed_ledger_default_write_quorum": quorum,
               "managed_ledger_default_ack_quorum": quorum}
     if args.deduplication:
@@ -112,7 +112,7 @@ def standalone_config(args, bookie_ports: list[int], data: Path):
 # BrokerConfig keys the standalone decides (a --broker-config file may not set them), and how to change them
 _STANDALONE_KEYS = {"cluster_name": "--cluster-name", "bookies": "--bookies N starts N local bookies",
                     "data_dir": "--data-dir", "broker_service_port": "--port", "web_service_port": "--http-port",
-                    "broker_service_port_pulsar": "--pulsar-port",
+                    "broker_service_port_pulsar": "--pulsar-port", "broker_service_port_pulsar_tls": "--pulsar-tls-port",
                     "managed_ledger_default_ensemble_size": "min(2, --bookies)",
                     "managed_ledger_default_write_quorum": "min(2, --bookies)",
                     "managed_ledger_default_ack_quorum": "min(2, --bookies)"}
@@ -228,7 +228,7 @@ async def _run_locked(args, data: Path) -> int:
               f"metrics http://127.0.0.1:{server.http_port}/metrics  data {data}  (Ctrl-C stops)",
               file=sys.stderr, flush=True)
         print(f"STANDALONE_READY port={server.port} pid={os.getpid()} http_port={server.http_port} "
-              f"pulsar_port={server.pulsar_port}", flush=True)
+              f"pulsar_port={server.pulsar_port} pulsar_tls_port={server.pulsar_tls_port}", flush=True)
         try:
             await stop.wait()
         finally:
@@ -252,6 +252,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8080, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
     p.add_argument("--pulsar-port", type=int, default=6650,
                    help="Pulsar binary protocol port for the official clients (default 6650; 0 = any, -1 = off)")
+    p.add_argument("--pulsar-tls-port", type=int, default=6651,
+                   help="the same over TLS when the broker config has tls_enabled (default 6651; 0 = any, -1 = off)")
     p.add_argument("--bookies", type=int, default=2, help="number of bookies (default 2; Qw=Qa=min(2, N))")
     p.add_argument("--cluster-name", default="standalone")
     p.add_argument("--no-journal-sync", dest="journal_sync", action="store_false", default=True,

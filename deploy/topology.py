@@ -371,10 +371,12 @@ class Topology:
 
     def pulsar_url(self, cluster: str) -> str:
         """The cluster's ``pulsar://h1:p1,h2:p2`` for the official Pulsar clients (its brokers'
-        ``pulsar_ports``); "" when none has one."""
+        ``pulsar_ports``; ``pulsar+ssl://`` over TLS, where the same ports serve TLS only, as
+        the gRPC ports do); "" when none has one."""
         c = self.cluster(cluster)
         ports = [b.pulsar_port for b in c.brokers if b.pulsar_port > 0]
-        return "pulsar://" + ",".join(f"{self.host}:{p}" for p in ports) if ports else ""
+        scheme = "pulsar+ssl" if self.tls_dir else "pulsar"
+        return f"{scheme}://" + ",".join(f"{self.host}:{p}" for p in ports) if ports else ""
 
     def bookie_addresses(self, cluster: str) -> list[str]:
         """``host:port`` of the cluster's bookies."""
@@ -404,6 +406,7 @@ class Topology:
         values.update(
             cluster_name=c.name, bookies=self.bookie_addresses(cluster), data_dir=str(data_dir),
             broker_service_port=b.port, web_service_port=b.http_port, broker_service_port_pulsar=b.pulsar_port,
+            broker_service_port_pulsar_tls=b.pulsar_port,     # used only over TLS (then the only Pulsar port)
             bind_address=bind_address or self.host, advertised_address=self.host,
             metadata_store_url=self.metadata_store_url(cluster),
             configuration_metadata_store_url=self.configuration_store_url,

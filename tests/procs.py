@@ -209,7 +209,7 @@ class StandaloneProcess(ServerProcess):
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "deploy.cli", "standalone", "--port", str(self.requested_port),
-                "--http-port", "0", "--pulsar-port", str(self.requested_pulsar_port),
+                "--http-port", "0", "--pulsar-port", str(self.requested_pulsar_port), "--pulsar-tls-port", "0",
                 "--data-dir", str(self.data_dir), *self.extra_args]
 
     def start(self) -> "StandaloneProcess":
@@ -223,6 +223,9 @@ class StandaloneProcess(ServerProcess):
                              text, re.M):
             pass
         self.pulsar_port = int(m.group(1)) if m else None
+        m = re.search(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} .*pulsar_tls_port=(-?\d+)",
+                      text, re.M)
+        self.pulsar_tls_port = int(m.group(1)) if m else None
         return self
 
     @property
@@ -231,7 +234,10 @@ class StandaloneProcess(ServerProcess):
 
     @property
     def pulsar_url(self) -> str:
-        """``pulsar://127.0.0.1:<pulsar_port>``: the official Pulsar clients' service URL."""
+        """``pulsar://127.0.0.1:<pulsar_port>`` (``pulsar+ssl://...:<pulsar_tls_port>`` when the
+        broker serves TLS): the official Pulsar clients' service URL."""
+        if (self.pulsar_port is None or self.pulsar_port < 0) and (self.pulsar_tls_port or -1) > 0:
+            return f"pulsar+ssl://127.0.0.1:{self.pulsar_tls_port}"
         return f"pulsar://127.0.0.1:{self.pulsar_port}"
 
     def restart(self, same_port: bool = True) -> "StandaloneProcess":
@@ -296,7 +302,7 @@ class BrokerProcess(ServerProcess):
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "broker", *(["--bookies", ",".join(self.bookies)] if self.bookies else []),
                "--data-dir", str(self.data_dir), "--port", str(self.requested_port), "--http-port", "0",
-               "--pulsar-port", str(self.requested_pulsar_port)]
+               "--pulsar-port", str(self.requested_pulsar_port), "--pulsar-tls-port", "0"]
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
         return cmd + list(self.extra_args)

@@ -1,8 +1,9 @@
-"""The Pulsar-protocol listener of a broker: asyncio servers on
+"""The Pulsar-protocol listener of a broker: an asyncio server on
 ``broker_service_port_pulsar`` (Pulsar's brokerServicePort, default 6650; 0 = any free
-port, -1 = off) and, with ``tls_enabled``, ``broker_service_port_pulsar_tls``
-(brokerServicePortTls, 6651 in Pulsar; -1 = off) with the broker's TLS certificate
-and key, each connection served by a :class:`PulsarConnection`.
+port, -1 = off), or with ``tls_enabled`` (every port of the broker serves TLS only) on
+``broker_service_port_pulsar_tls`` (brokerServicePortTls, default 6651) with the
+broker's TLS certificate and key (mutual TLS with ``tls_require_trusted_client_cert_on_connect``),
+each connection served by a :class:`PulsarConnection`.
 In a broker cluster it registers its URLs (``registry``) for the other brokers' lookups."""
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class PulsarListener:
         """Bind the configured ports (OSError when one is in use) and register the URLs
         in a shared metadata store."""
         c = self.config
-        if c.broker_service_port_pulsar >= 0:
+        if c.broker_service_port_pulsar >= 0 and not c.tls_enabled:
             server = await asyncio.start_server(self._serve, c.bind_address, c.broker_service_port_pulsar,
                                                 limit=1 << 20)
             self._servers.append(server)

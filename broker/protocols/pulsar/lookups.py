@@ -58,7 +58,7 @@ class LookupCommands:
                     raise ServiceNotReady(f"broker {answer.broker_service_url} owning {q.topic} has no Pulsar "
                                           f"protocol listener registered; retry")
             response = {"request_id": q.request_id, "response": R.Redirect if answer.redirect else R.Connect,
-                        "authoritative": answer.authoritative, "brokerServiceUrl": url}
+                        "authoritative": answer.authoritative, "brokerServiceUrl": url or url_tls}
             if url_tls:
                 response["brokerServiceUrlTls"] = url_tls
         except Exception as exc:  # noqa: BLE001 - answered to the client
