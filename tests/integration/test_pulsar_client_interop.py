@@ -417,3 +417,24 @@ def test_readme_snippet_runs_against_a_real_broker(cluster):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "b'hello from pulsar-client' {'k': 'v'}" in proc.stdout
+
+
+def test_batch_index_acks_redeliver_only_the_unacknowledged_messages(pc):
+    """ACK ack_set (set bit = not acknowledged) applied to the cursor, and MESSAGE ack_set
+    on redelivery: a new consumer gets only the batch's unacknowledged messages."""
+    topic = topic_name("batch-index")
+    first = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared, batch_index_ack_enabled=True)
+    producer = pc.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=50)
+    for i in range(10):
+        producer.send_async(f"m{i}".encode(), None)
+    producer.flush()
+    got = [first.receive(RECEIVE_MS) for _ in range(10)]
+    assert len({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}) == 1   # one batch
+    for m in got[::2]:
+        first.acknowledge(m)
+    first.close()                                       # flushes the grouped acks
+    second = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared, batch_index_ack_enabled=True)
+    again = sorted(second.receive(RECEIVE_MS).data() for _ in range(5))
+    assert again == [f"m{i}".encode() for i in range(1, 10, 2)]
+    with pytest.raises(pulsar.Timeout):
+        second.receive(500)
