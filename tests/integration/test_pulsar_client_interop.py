@@ -438,3 +438,28 @@ def test_batch_index_acks_redeliver_only_the_unacknowledged_messages(pc):
     assert again == [f"m{i}".encode() for i in range(1, 10, 2)]
     with pytest.raises(pulsar.Timeout):
         second.receive(500)
+
+
+def test_an_unserved_command_is_refused_by_request_id_and_the_connection_stays(cluster):
+    from broker.protocols.pulsar.frames import FrameDecoder, encode_command
+    from proto.pulsar_wire_pb2 import BaseCommand, ServerError
+
+    def read_one(s, decoder):
+        while True:
+            frames = decoder.feed(s.recv(65536))
+            if frames:
+                return frames[0][0]
+
+    with socket.create_connection(("127.0.0.1", cluster["broker"].pulsar_port), timeout=10) as s:
+        decoder = FrameDecoder(1 << 20)
+        s.sendall(encode_command(BaseCommand(type=BaseCommand.CONNECT,
+                                             connect={"client_version": "raw", "protocol_version": 20})))
+        connected = read_one(s, decoder)
+        assert connected.type == BaseCommand.CONNECTED and connected.connected.protocol_version == 20
+        s.sendall(encode_command(BaseCommand(type=BaseCommand.CONSUMER_STATS,
+                                             consumerStats={"request_id": 7, "consumer_id": 1})))
+        refused = read_one(s, decoder)
+        assert (refused.type, refused.error.request_id, refused.error.error) == \
+            (BaseCommand.ERROR, 7, ServerError.NotAllowedError)
+        s.sendall(encode_command(BaseCommand(type=BaseCommand.PING, ping={})))
+        assert read_one(s, decoder).type == BaseCommand.PONG

@@ -175,8 +175,24 @@ class PulsarConnection:
     def _dispatch(self, cmd: BaseCommand, payload: Optional[bytes]) -> None:
         handler = self._handlers.get(cmd.type)
         if handler is None:
-            raise FrameError(f"command {T.Name(cmd.type)} is not served by minipulsar")
+            self._unserved(cmd)
+            return
         handler(cmd, payload)
+
+    def _unserved(self, cmd: BaseCommand) -> None:
+        """A known command minipulsar does not serve (consumer stats, transactions, topic
+        list watchers, broker-only answers): refused with a NotAllowed CommandError when it
+        carries a request id (the client fails that request), else ignored; logged either way."""
+        from proto.errors import NotAllowed
+
+        name = T.Name(cmd.type)
+        field = cmd.DESCRIPTOR.fields_by_number.get(cmd.type)
+        sub = getattr(cmd, field.name) if field is not None and cmd.HasField(field.name) else None
+        request_id = getattr(sub, "request_id", None) if sub is not None else None
+        log.warning("[%s] command %s is not served by minipulsar%s", self.peer, name,
+                    "; refused" if request_id is not None else "; ignored")
+        if request_id is not None:
+            self.send_error(request_id, NotAllowed(f"command {name} is not supported by minipulsar"))
 
     async def _connect(self, cmd: BaseCommand) -> None:
         if cmd.type != T.CONNECT:
