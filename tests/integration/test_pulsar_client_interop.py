@@ -463,3 +463,30 @@ def test_an_unserved_command_is_refused_by_request_id_and_the_connection_stays(c
             (BaseCommand.ERROR, 7, ServerError.NotAllowedError)
         s.sendall(encode_command(BaseCommand(type=BaseCommand.PING, ping={})))
         assert read_one(s, decoder).type == BaseCommand.PONG
+
+
+def test_cumulative_ack_unsubscribe_and_failover(pc, cluster):
+    topic = topic_name("cumulative")
+    producer = pc.create_producer(topic, batching_enabled=False)
+    consumer = pc.subscribe(topic, "cum", consumer_type=pulsar.ConsumerType.Exclusive,
+                            initial_position=pulsar.InitialPosition.Earliest)
+    for i in range(10):
+        producer.send(f"m{i}".encode())
+    got = [consumer.receive(RECEIVE_MS) for _ in range(10)]
+    consumer.acknowledge_cumulative(got[5])
+    consumer.close()
+    consumer = pc.subscribe(topic, "cum", consumer_type=pulsar.ConsumerType.Exclusive)
+    assert [consumer.receive(RECEIVE_MS).data() for _ in range(4)] == [f"m{i}".encode() for i in range(6, 10)]
+    consumer.unsubscribe()
+    with SyncAdminClient(cluster["broker"].service_url) as admin:
+        assert "cum" not in admin.get_stats(topic)["subscriptions"]
+    # Failover: one active consumer gets everything; when it goes, the other takes over
+    first = pc.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a",
+                         initial_position=pulsar.InitialPosition.Earliest)
+    second = pc.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b",
+                          initial_position=pulsar.InitialPosition.Earliest)
+    active, standby = (first, second) if first.receive(RECEIVE_MS).data() == b"m0" else (second, first)
+    with pytest.raises(pulsar.Timeout):
+        standby.receive(300)
+    active.close()
+    assert standby.receive(RECEIVE_MS).data() == b"m0"           # not acknowledged: the standby gets it
