@@ -113,3 +113,20 @@ def test_a_role_without_permission_is_refused_by_the_same_authorization(secure):
         assert "Authorization" in type(info.value).__name__, info.value
     finally:
         client.close()
+
+
+def test_an_expiring_token_ends_the_producer_and_cannot_be_reused(secure):
+    """BrokerSecurity's periodic check ends a Pulsar-protocol producer whose token expired
+    (CLOSE_PRODUCER); its re-creation on the same connection is refused and the connection
+    closed, and the expired token cannot connect again: later sends fail."""
+    keys, broker = secure
+    client = _client(broker, keys.token("admin", expires_in_s=3), timeout_s=3)
+    try:
+        producer = client.create_producer(f"persistent://public/default/sec-exp-{uuid.uuid4().hex[:6]}",
+                                          send_timeout_millis=3000, batching_enabled=False)
+        producer.send(b"while valid")
+        time.sleep(4.5)                                  # expired, and the 1 s check has run
+        with pytest.raises(pulsar.PulsarException):
+            producer.send(b"after expiry")
+    finally:
+        client.close()

@@ -88,9 +88,18 @@ class PulsarConnection:
 
     async def check_topic(self, topic: str, action: str, subscription: Optional[str] = None) -> None:
         """Authorize ``action`` ("produce", "consume", "lookup") on ``topic`` for the
-        connection's role; raises AuthorizationError (no-op with security off)."""
-        if self.security is not None:
-            await self.security.check_topic(self.who, topic, action, subscription)
+        connection's role; raises AuthorizationError (no-op with security off), or
+        AuthenticationError when the CONNECT token expired since: the connection is then
+        closed after the answer, so the client connects again with a fresh token (we
+        announce no auth refresh, as Pulsar's broker does for such clients)."""
+        if self.security is None:
+            return
+        if self.who is not None and self.who.expired():
+            from proto.errors import AuthenticationError
+
+            asyncio.get_running_loop().call_later(0.1, self.close, "token expired")
+            raise AuthenticationError(f"the token of role {self.who.role} expired; connect again with a new one")
+        await self.security.check_topic(self.who, topic, action, subscription)
 
     # ---- writing ---------------------------------------------------------
     def write_command(self, cmd: BaseCommand) -> None:
