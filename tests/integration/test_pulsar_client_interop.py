@@ -490,3 +490,14 @@ def test_cumulative_ack_unsubscribe_and_failover(pc, cluster):
         standby.receive(300)
     active.close()
     assert standby.receive(RECEIVE_MS).data() == b"m0"           # not acknowledged: the standby gets it
+
+
+def test_unsupported_options_are_refused_clearly(pc):
+    topic = topic_name("refused")
+    with pytest.raises(pulsar.PulsarException) as info:
+        pc.subscribe(topic, "compacted", is_read_compacted=True)
+    assert "NotAllowed" in type(info.value).__name__, info.value
+    with pytest.raises(pulsar.PulsarException) as info:
+        pc.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
+    assert "NotAllowed" in type(info.value).__name__, info.value
+    pc.create_producer(topic).send(b"the defaults work")
