@@ -90,6 +90,9 @@ class ConsumerCommands:
 
     # ---- subscribe ---------------------------------------------------------
     def on_subscribe(self, cmd: BaseCommand, payload) -> None:
+        """SUBSCRIBE: create or recover the subscription (a task); answered SUCCESS, or ERROR with
+        the ServerError of the refusal (read_compacted, STICKY Key_Shared ranges, authorization,
+        unknown topic...)."""
         s = cmd.subscribe
         if s.consumer_id in self.consumers:
             self.conn.write_command(BaseCommand(type=T.SUCCESS, success={"request_id": s.request_id}))
@@ -155,11 +158,16 @@ class ConsumerCommands:
 
     # ---- flow, acks, redelivery -----------------------------------------------
     def on_flow(self, cmd: BaseCommand, payload) -> None:
+        """FLOW: ``messagePermits`` more messages for the consumer (clamped by the service
+        Consumer)."""
         edge = self.consumers.get(cmd.flow.consumer_id)
         if edge is not None:
             edge.subscription.flow(edge.consumer, cmd.flow.messagePermits)
 
     def on_ack(self, cmd: BaseCommand, payload) -> None:
+        """ACK: message ids to service AckPositions (a batch ack set, set bit = not acknowledged,
+        becomes the acknowledged batch indexes) applied by ``edge_commands.apply_ack``;
+        ACK_RESPONSE when the ack carries a request id."""
         a = cmd.ack
         edge = self.consumers.get(a.consumer_id)
         request_id = a.request_id if a.HasField("request_id") else 0
@@ -208,6 +216,8 @@ class ConsumerCommands:
         self.conn.write_command(BaseCommand(type=T.ACK_RESPONSE, ackResponse=response))
 
     def on_redeliver(self, cmd: BaseCommand, payload) -> None:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: ``edge_commands.apply_redeliver`` with the ids and the
+        PIP-84 consumer epoch."""
         r = cmd.redeliverUnacknowledgedMessages
         edge = self.consumers.get(r.consumer_id)
         if edge is None:
@@ -220,6 +230,8 @@ class ConsumerCommands:
 
     # ---- seek, unsubscribe, close ---------------------------------------------
     def on_seek(self, cmd: BaseCommand, payload) -> None:
+        """SEEK by message id or publish time (a task): answered SUCCESS then the consumer is closed
+        from the broker, or ERROR."""
         s = cmd.seek
         edge = self.consumers.get(s.consumer_id)
         if edge is None:
@@ -244,6 +256,8 @@ class ConsumerCommands:
         self.close_from_broker(edge)
 
     def on_unsubscribe(self, cmd: BaseCommand, payload) -> None:
+        """UNSUBSCRIBE (a task): delete the durable subscription (PreconditionFailed while others
+        are connected); answered SUCCESS or ERROR."""
         u = cmd.unsubscribe
         edge = self.consumers.get(u.consumer_id)
         if edge is None:
@@ -268,6 +282,8 @@ class ConsumerCommands:
         await self._detach(edge)
 
     def on_close_consumer(self, cmd: BaseCommand, payload) -> None:
+        """CLOSE_CONSUMER from the client: detach the consumer (its pending messages go back to the
+        subscription); answered SUCCESS."""
         c = cmd.close_consumer
         self._subscribing.pop(c.consumer_id, None)
         edge = self.consumers.pop(c.consumer_id, None)
@@ -295,6 +311,7 @@ class ConsumerCommands:
 
     # ---- last message id ---------------------------------------------------------
     def on_get_last_message_id(self, cmd: BaseCommand, payload) -> None:
+        """GET_LAST_MESSAGE_ID of the consumer's topic (a task)."""
         g = cmd.getLastMessageId
         edge = self.consumers.get(g.consumer_id)
         if edge is None:

@@ -43,6 +43,8 @@ class EdgeProducer:
         self.closed = False
 
     def add(self, seq: int, highest: int, item) -> None:
+        """Track one send (its sequence ids and the future of its Position, or the exception that
+        refused it); answered in order."""
         conn = self.commands.conn
         conn.send_started()
         self.pending.append((seq, highest, item))
@@ -106,6 +108,8 @@ class ProducerCommands:
         return {T.PRODUCER: self.on_producer, T.SEND: self.on_send, T.CLOSE_PRODUCER: self.on_close_producer}
 
     def on_producer(self, cmd: BaseCommand, payload) -> None:
+        """PRODUCER: create the producer (a task); a repeated request for an existing id is answered
+        again."""
         p = cmd.producer
         if p.producer_id in self.producers or p.producer_id in self._creating:
             existing = self.producers.get(p.producer_id)
@@ -152,6 +156,9 @@ class ProducerCommands:
         self.conn.write_command(BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
 
     def on_send(self, cmd: BaseCommand, payload: Optional[bytes]) -> None:
+        """SEND: hand the entry to ``edge_commands.submit_send``; a SEND without a message is a
+        FrameError (closes the connection); sends of an unknown or closing producer are dropped
+        (the client resends them)."""
         s = cmd.send
         if payload is None:
             raise FrameError(f"SEND of producer {s.producer_id} without a message")
@@ -172,6 +179,7 @@ class ProducerCommands:
         edge.add(s.sequence_id, s.highest_sequence_id, item)
 
     def on_close_producer(self, cmd: BaseCommand, payload) -> None:
+        """CLOSE_PRODUCER from the client: release the producer; answered SUCCESS."""
         c = cmd.close_producer
         if self._creating.pop(c.producer_id, None) is not None:
             pass                                     # _create sees it gone and removes the producer
