@@ -501,3 +501,97 @@ def test_unsupported_options_are_refused_clearly(pc):
         pc.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     assert "NotAllowed" in type(info.value).__name__, info.value
     pc.create_producer(topic).send(b"the defaults work")
+
+
+class MutingProxy:
+    """A TCP proxy (threads) in front of the broker's Pulsar port whose broker -> client
+    direction can be muted: what the broker sends meanwhile (receipts) is dropped."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.mute = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, from_broker: bool) -> None:
+        try:
+            src.settimeout(None)
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not (from_broker and self.mute.is_set()):
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self.sockets:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_persisted_but_unreceipted_sends_are_resent_after_kill_and_stored_once(cluster):
+    """The receipts of 50 persisted sends never reach the client (muted), the broker is
+    killed -9 and restarted: the client reconnects, resends all 50 with the same sequence
+    ids, and dedup (same producer name) stores none of them twice. Without dedup this
+    stores 100 (deterministic: every resend is of a stored message)."""
+    broker = cluster["broker"]
+    proxy = MutingProxy(broker.pulsar_port)
+    topic = topic_name("unreceipted")
+    client = pulsar.Client(f"pulsar://127.0.0.1:{proxy.port}", operation_timeout_seconds=30)
+    try:
+        producer = client.create_producer(topic, producer_name="resender", batching_enabled=False,
+                                          send_timeout_millis=0)
+        producer.send(b"first")                          # connected through the proxy
+        proxy.mute.set()
+        results: list = []
+        for i in range(50):
+            producer.send_async(f"m{i}".encode(), lambda res, _mid: results.append(res))
+        with SyncAdminClient(broker.service_url) as admin:   # all 50 are stored, none receipted
+            deadline = time.monotonic() + 20
+            while admin.get_stats(topic)["msgInCounter"] < 51 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert admin.get_stats(topic)["msgInCounter"] == 51
+        assert results == []
+        broker.kill()
+        broker = broker.restart()
+        cluster["broker"] = broker
+        proxy.target_port = broker.pulsar_port            # same port: restart(same_port=True)
+        proxy.mute.clear()
+        producer.flush()
+        assert results == [pulsar.Result.Ok] * 50
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        got = []
+        while reader.has_message_available():
+            got.append(reader.read_next(RECEIVE_MS).data())
+        assert got == [b"first"] + [f"m{i}".encode() for i in range(50)]
+    finally:
+        client.close()
+        proxy.close()

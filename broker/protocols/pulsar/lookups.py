@@ -57,8 +57,11 @@ class LookupCommands:
                 if not url:
                     raise ServiceNotReady(f"broker {answer.broker_service_url} owning {q.topic} has no Pulsar "
                                           f"protocol listener registered; retry")
+            # proxy_through_service_url (a standalone broker): the client keeps using the address it
+            # connected to (ports forwarded, a TCP proxy) with this broker's URL as logical address
             response = {"request_id": q.request_id, "response": R.Redirect if answer.redirect else R.Connect,
-                        "authoritative": answer.authoritative, "brokerServiceUrl": url or url_tls}
+                        "authoritative": answer.authoritative, "brokerServiceUrl": url or url_tls,
+                        "proxy_through_service_url": answer.proxy_through_service_url}
             if url_tls:
                 response["brokerServiceUrlTls"] = url_tls
         except Exception as exc:  # noqa: BLE001 - answered to the client
