@@ -120,12 +120,12 @@ def test_an_expiring_token_ends_the_producer_and_cannot_be_reused(secure):
     (CLOSE_PRODUCER); its re-creation on the same connection is refused and the connection
     closed, and the expired token cannot connect again: later sends fail."""
     keys, broker = secure
-    client = _client(broker, keys.token("admin", expires_in_s=3), timeout_s=3)
+    client = _client(broker, keys.token("admin", expires_in_s=5), timeout_s=3)
     try:
         producer = client.create_producer(f"persistent://public/default/sec-exp-{uuid.uuid4().hex[:6]}",
                                           send_timeout_millis=3000, batching_enabled=False)
         producer.send(b"while valid")
-        time.sleep(4.5)                                  # expired, and the 1 s check has run
+        time.sleep(6.5)                                  # expired, and the 1 s check has run
         with pytest.raises(pulsar.PulsarException):
             producer.send(b"after expiry")
     finally:
