@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import socket
+import threading
+import time
 import uuid
 
 import pytest
@@ -63,6 +66,7 @@ def broker(tmp_path_factory):
         bookie = start_bookie(base / "bookie", journal_sync=False, tracker=tracker)
         proc = start_broker(base / "broker", [bookie.address], config_file=conf, tracker=tracker)
         asyncio.run(ensure_namespace(proc.service_url))
+        proc.bookie = bookie
         yield proc
     finally:
         tracker.kill_all()
@@ -127,3 +131,36 @@ def test_random_bytes_after_connect_close_only_that_connection(broker):
             producer.send(b"still serving")
     finally:
         client.close()
+
+
+def test_reading_pauses_while_sends_wait_for_storage_and_receipts_stay_in_order(broker):
+    """The bookie is stopped (SIGSTOP): the broker reads at most MAX_PENDING_SENDS (1,000)
+    sends of the connection and stops reading, so a client pushing 32 MB blocks instead of
+    filling the broker's memory; once the bookie resumes every send is receipted, in order."""
+    from broker.protocols.pulsar.connection import MAX_PENDING_SENDS
+
+    topic = f"persistent://public/default/pause-{uuid.uuid4().hex[:8]}"
+    raw = Raw(broker.pulsar_port)
+    n, payload = 4 * MAX_PENDING_SENDS, os.urandom(8192)
+    frames = b"".join(encode_payload_command(BaseCommand(type=T.SEND, send={"producer_id": 1, "sequence_id": i}),
+                                             entry(i, payload)) for i in range(1, n))
+    done = threading.Event()
+    try:
+        raw.send(BaseCommand(type=T.PRODUCER, producer={"topic": topic, "producer_id": 1, "request_id": 1}))
+        raw.expect(T.PRODUCER_SUCCESS)
+        raw.send(BaseCommand(type=T.SEND, send={"producer_id": 1, "sequence_id": 0}), entry(0, b"warm"))
+        raw.expect(T.SEND_RECEIPT)                                 # the ledger exists
+        os.kill(broker.bookie.pid, signal.SIGSTOP)
+        raw.sock.settimeout(60)
+        sender = threading.Thread(target=lambda: (raw.sock.sendall(frames), done.set()), daemon=True)
+        sender.start()
+        time.sleep(3)
+        assert not done.is_set(), "the broker kept reading while 1,000 sends waited for the bookie"
+    finally:
+        os.kill(broker.bookie.pid, signal.SIGCONT)
+    try:
+        assert done.wait(60)
+        seqs = [raw.expect(T.SEND_RECEIPT).send_receipt.sequence_id for _ in range(1, n)]
+        assert seqs == list(range(1, n))
+    finally:
+        raw.close()
