@@ -52,34 +52,42 @@ def apply_ack(subscription, consumer: Consumer, ack: pb.Ack, reply: Reply) -> No
     Subscription.needs_async_ack) and any ack while earlier long commands of this
     consumer are still applied run in the consumer's ordered background work; when
     that work is full the ack is refused with ServiceNotReady (retriable)."""
-    def answer(done) -> None:
-        if ack.request_id:
-            fut = asyncio.ensure_future(done)
-            fut.add_done_callback(lambda f: reply(
-                ack.request_id, f.exception() if not f.cancelled() else InvalidArgument("cancelled")))
-        else:
-            asyncio.ensure_future(done).add_done_callback(lambda f: f.cancelled() or f.exception())
-
     try:
         inline = not consumer.ordered_busy() and not subscription.needs_async_ack(consumer, ack)
         if inline:
-            answer(subscription.acknowledge(consumer, ack))
+            _answer(ack, subscription.acknowledge(consumer, ack), reply)
             return
     except Exception as exc:  # noqa: BLE001 - answered to the client
         reply(ack.request_id, exc)
         return
 
     async def job() -> None:
-        try:
-            done = await subscription.acknowledge_async(consumer, ack)
-        except Exception as exc:  # noqa: BLE001
-            reply(ack.request_id, exc)
-            return
-        answer(done)
+        await apply_ack_in_order(subscription, consumer, ack, reply)
 
     if not consumer.run_ordered(job):
         reply(ack.request_id, ServiceNotReady(
             f"too many acknowledgments of consumer {consumer.name} are still being applied; send it again"))
+
+
+def _answer(ack: pb.Ack, done, reply: Reply) -> None:
+    if ack.request_id:
+        fut = asyncio.ensure_future(done)
+        fut.add_done_callback(lambda f: reply(
+            ack.request_id, f.exception() if not f.cancelled() else InvalidArgument("cancelled")))
+    else:
+        asyncio.ensure_future(done).add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+async def apply_ack_in_order(subscription, consumer: Consumer, ack: pb.Ack, reply: Reply) -> None:
+    """Apply ``ack`` of any length now (``Subscription.acknowledge_async``) and answer it
+    as :func:`apply_ack` does; for a job already running in the consumer's ordered work
+    (Consumer.run_ordered), where an edge first had to read something for the ack."""
+    try:
+        done = await subscription.acknowledge_async(consumer, ack)
+    except Exception as exc:  # noqa: BLE001 - answered to the client
+        reply(ack.request_id, exc)
+        return
+    _answer(ack, done, reply)
 
 
 def apply_redeliver(subscription, consumer: Consumer, redeliver: pb.RedeliverUnacknowledged) -> None:

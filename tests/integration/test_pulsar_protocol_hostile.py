@@ -164,3 +164,31 @@ def test_reading_pauses_while_sends_wait_for_storage_and_receipts_stay_in_order(
         assert seqs == list(range(1, n))
     finally:
         raw.close()
+
+
+def test_a_batch_ack_for_an_entry_the_broker_never_delivered_reads_its_size_first(broker):
+    """An ACK with an ack set (set bit = not acknowledged) for a batch entry that no consumer
+    of this connection was sent: the broker reads the entry's batch size before applying it,
+    in the consumer's order; the delivery that follows carries the partial ack state."""
+    topic = f"persistent://public/default/unknown-size-{uuid.uuid4().hex[:8]}"
+    raw = Raw(broker.pulsar_port)
+    try:
+        raw.send(BaseCommand(type=T.PRODUCER, producer={"topic": topic, "producer_id": 1, "request_id": 1}))
+        raw.expect(T.PRODUCER_SUCCESS)
+        batch = encode_entry(MessageMetadata(producer_name="raw", sequence_id=0, publish_time=1,
+                                             num_messages_in_batch=5), b"\0" * 64)
+        raw.send(BaseCommand(type=T.SEND, send={"producer_id": 1, "sequence_id": 0, "num_messages": 5}), batch)
+        mid = raw.expect(T.SEND_RECEIPT).send_receipt.message_id
+        raw.send(BaseCommand(type=T.SUBSCRIBE, subscribe={"topic": topic, "subscription": "s", "subType": 1,
+                                                           "consumer_id": 1, "request_id": 2, "initialPosition": 1}))
+        raw.expect(T.SUCCESS)
+        # indexes 1 and 3 acknowledged: bits 0, 2, 4 stay set (no batch_size given)
+        raw.send(BaseCommand(type=T.ACK, ack={"consumer_id": 1, "ack_type": 0, "request_id": 3, "message_id": [
+            {"ledgerId": mid.ledgerId, "entryId": mid.entryId, "ack_set": [0b10101]}]}))
+        answer = raw.expect(T.ACK_RESPONSE).ackResponse
+        assert answer.request_id == 3 and not answer.HasField("error"), answer
+        raw.send(BaseCommand(type=T.FLOW, flow={"consumer_id": 1, "messagePermits": 10}))
+        msg = raw.expect(T.MESSAGE).message
+        assert msg.message_id.entryId == mid.entryId and list(msg.ack_set) == [0b10101]
+    finally:
+        raw.close()

@@ -13,10 +13,10 @@ from typing import Optional
 
 from broker.ledger.position import Position
 from broker.service.consumer import Consumer, ConsumerWriter
-from broker.service.edge_commands import apply_ack, apply_redeliver, seek_target
+from broker.service.edge_commands import apply_ack, apply_ack_in_order, apply_redeliver, seek_target
 from broker.service.resources import check_subscription_name
 from proto import broker_pb2 as pb
-from proto.errors import NotAllowed
+from proto.errors import NotAllowed, ServiceNotReady
 from proto.pulsar_wire_pb2 import BaseCommand, CommandAck, CommandSubscribe, KeySharedMode
 
 from .ids import NO_REQUEST, acked_indexes, message_id, not_acked_bits, position_of, signed
@@ -175,6 +175,37 @@ class ConsumerCommands:
             if request_id:
                 self._ack_response(a.consumer_id, request_id, NotAllowed(f"consumer {a.consumer_id} is not connected"))
             return
+        reply = lambda rid, exc: self._ack_response(a.consumer_id, rid, exc)  # noqa: E731
+        sizes: dict = {}
+        unknown = [position_of(mid) for mid in a.message_id if mid.ack_set and not
+                   (mid.HasField("batch_size") and mid.batch_size > 0) and
+                   edge.subscription.known_batch_size(position_of(mid), edge.consumer) is None]
+        if not unknown:
+            ack = self._to_service_ack(a, edge, request_id, sizes)
+            if ack is not None:
+                apply_ack(edge.subscription, edge.consumer, ack, reply)
+            return
+
+        async def job() -> None:
+            # A batch ack set of an entry whose size the broker does not know (delivered to an
+            # earlier connection of the consumer): read the sizes first, in the consumer's order.
+            try:
+                for pos in unknown:
+                    sizes[pos] = await edge.subscription.read_batch_size(pos)
+            except Exception as exc:  # noqa: BLE001 - answered to the client
+                reply(request_id, exc)
+                return
+            ack = self._to_service_ack(a, edge, request_id, sizes)
+            if ack is not None:
+                await apply_ack_in_order(edge.subscription, edge.consumer, ack, reply)
+
+        if not edge.consumer.run_ordered(job):
+            reply(request_id, ServiceNotReady(f"too many acknowledgments of consumer {edge.consumer.name} are "
+                                              f"still being applied; send it again"))
+
+    def _to_service_ack(self, a, edge: EdgeConsumer, request_id: int, sizes: dict) -> Optional[pb.Ack]:
+        """The service Ack of wire ACK ``a`` (None when nothing is left to apply: answered here).
+        ``sizes``: batch sizes read for entries the broker did not know."""
         ack = pb.Ack(ack_type=pb.Cumulative if a.ack_type == CommandAck.Cumulative else pb.Individual,
                      request_id=request_id)
         for mid in a.message_id:
@@ -182,7 +213,7 @@ class ConsumerCommands:
             ap = ack.positions.add(ledger_id=pos.ledger_id, entry_id=pos.entry_id)
             if mid.ack_set:
                 size = mid.batch_size if mid.HasField("batch_size") and mid.batch_size > 0 else \
-                    edge.subscription.known_batch_size(pos, edge.consumer)
+                    (sizes.get(pos) or edge.subscription.known_batch_size(pos, edge.consumer))
                 if size is None:
                     size = 64 * len(mid.ack_set)
                 indexes = acked_indexes(mid.ack_set, size)
@@ -200,9 +231,8 @@ class ConsumerCommands:
         if not ack.positions:
             if request_id:
                 self._ack_response(a.consumer_id, request_id, None)
-            return
-        apply_ack(edge.subscription, edge.consumer, ack,
-                  lambda rid, exc: self._ack_response(a.consumer_id, rid, exc))
+            return None
+        return ack
 
     def _ack_response(self, consumer_id: int, request_id: int, exc: Optional[BaseException]) -> None:
         if exc is None and not request_id:
