@@ -1,6 +1,6 @@
 """Run one broker: ``python -m broker --config FILE.toml [flags]`` (``minipulsar broker``).
 
-Prints ``BROKER_READY port=<grpc port> pid=<pid> http_port=<port>`` once serving.
+Prints ``BROKER_READY port=<grpc port> pid=<pid> http_port=<port> pulsar_port=<port>`` once serving.
 SIGTERM/SIGINT stop it cleanly.
 """
 from __future__ import annotations
@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(clusters, tenants, namespace policies); default: the metadata store")
     p.add_argument("--port", type=int, default=None, help="gRPC port (default 6600; 0 = any free port)")
     p.add_argument("--http-port", type=int, default=None, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
+    p.add_argument("--pulsar-port", type=int, default=None,
+                   help="Pulsar binary protocol port for the official clients (broker_service_port_pulsar; "
+                        "default 6650; 0 = any, -1 = off)")
+    p.add_argument("--pulsar-tls-port", type=int, default=None,
+                   help="Pulsar binary protocol over TLS, with --tls-enabled (broker_service_port_pulsar_tls; "
+                        "default 6651; 0 = any, -1 = off)")
     p.add_argument("--bind-address", default=None)
     p.add_argument("--advertised-address", default=None)
     p.add_argument("--tls-enabled", action="store_true", default=None,
@@ -50,6 +56,8 @@ def config_from_args(args) -> BrokerConfig:
              "data_dir": args.data_dir, "metadata_store_url": args.metadata_store_url,
              "configuration_metadata_store_url": args.configuration_metadata_store_url,
              "broker_service_port": args.port, "web_service_port": args.http_port,
+             "broker_service_port_pulsar": getattr(args, "pulsar_port", None),
+             "broker_service_port_pulsar_tls": getattr(args, "pulsar_tls_port", None),
              "bind_address": args.bind_address, "advertised_address": args.advertised_address,
              "tls_enabled": getattr(args, "tls_enabled", None),
              "tls_certificate_file_path": getattr(args, "tls_certificate_file_path", None),
@@ -83,7 +91,8 @@ async def serve(config: BrokerConfig, ready_line: bool = True) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if ready_line:
-        print(f"BROKER_READY port={server.port} pid={os.getpid()} http_port={server.http_port}", flush=True)
+        print(f"BROKER_READY port={server.port} pid={os.getpid()} http_port={server.http_port} "
+              f"pulsar_port={server.pulsar_port} pulsar_tls_port={server.pulsar_tls_port}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -28,7 +28,12 @@ class BrokerConfig(ManagedLedgerSettings):
     data_dir: str = "data/broker"                                   # metadata store lives here
     bind_address: str = "127.0.0.1"
     advertised_address: str = "127.0.0.1"
-    broker_service_port: int = 6600                                 # gRPC; 6650 stays for a Pulsar-protocol listener
+    broker_service_port: int = 6600                                 # gRPC (minipulsar:// URLs)
+    # Pulsar's binary protocol for the official clients (Pulsar's brokerServicePort / brokerServicePortTls):
+    # 0 = any free port, -1 = off. With tls_enabled every port serves TLS only: the Pulsar protocol is then
+    # on broker_service_port_pulsar_tls (pulsar+ssl://) and broker_service_port_pulsar is not opened
+    broker_service_port_pulsar: int = 6650
+    broker_service_port_pulsar_tls: int = 6651
     web_service_port: int = 8080                                    # HTTP: Prometheus /metrics
     allow_auto_topic_creation: bool = True
     broker_deduplication_enabled: bool = False
@@ -200,6 +205,9 @@ class BrokerConfig(ManagedLedgerSettings):
               "must be a fraction of managed_ledger_cache_size_mb in (0, 1]")
         check("broker_service_port", 0 <= self.broker_service_port <= 65535,
               "must be a TCP port in 0..65535 (0 = any free port)")
+        for key in ("broker_service_port_pulsar", "broker_service_port_pulsar_tls"):
+            check(key, -1 <= getattr(self, key) <= 65535,
+                  "must be a TCP port in 0..65535 (0 = any free port) or -1 (no Pulsar-protocol listener)")
         check("web_service_port", -1 <= self.web_service_port <= 65535,
               "must be a TCP port in 0..65535 (0 = any free port) or -1 (no HTTP endpoint)")
         check("max_message_size", self.max_message_size <= MAX_MESSAGE_SIZE_LIMIT,

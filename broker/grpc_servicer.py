@@ -22,7 +22,7 @@ from .service.consumer import Consumer, ConsumerWriter
 from .service.error_edge import to_pulsar
 from .service.errors import InvalidArgument, ServiceNotReady
 from .service.resources import check_subscription_name
-from .service.seek import find_position_by_publish_time
+from .service.edge_commands import apply_ack, apply_redeliver, seek_target, submit_send
 
 log = logging.getLogger(__name__)
 
@@ -118,23 +118,10 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                 for i, send in enumerate(req.sends.sends):
                     if i and i % YIELD_EVERY_SENDS == 0:
                         await asyncio.sleep(0)  # a frame of many sends never stalls other clients
-                    if producer.closed:
+                    item = submit_send(topic, producer, send)
+                    if item is None:
                         continue                       # disconnecting: the client resends after reconnecting
-                    if producer.failed:
-                        # A stream stores nothing after a send failed with a retriable error, so a
-                        # later send never lands before an earlier one that the client resends: with
-                        # dedup the resend would be dropped as a duplicate of the later one (loss),
-                        # and a replicator would break exactly-once (Pulsar #26113).
-                        pending.append((send, ServiceNotReady("an earlier send on this stream failed; "
-                                                              "reconnect and resend from it")))
-                        continue
-                    try:
-                        pending.append((send, topic.publish(producer, send)))
-                    except Exception as exc:
-                        # Without its traceback: a frame of 100,000 bad sends would keep 100,000
-                        # tracebacks (and their frames) alive until answered, for the GC to walk.
-                        pending.append((send, exc.with_traceback(None)))
-                        producer.failed = producer.is_replicator or getattr(exc, "retriable", False)
+                    pending.append((send, item))
                 signal()
 
         def disconnect(reason: BaseException) -> None:
@@ -293,13 +280,10 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
                     self._redeliver(subscription, consumer, req.redeliver)
                 elif kind == "seek":
                     try:
-                        if req.seek.WhichOneof("target") == "publish_time":
-                            pos = await find_position_by_publish_time(topic.ml, req.seek.publish_time)
-                        else:
-                            m = req.seek.message_id
-                            pos = Position(m.ledger_id, m.entry_id)
-                            if pos.ledger_id < 0:
-                                pos = topic.ml.first_position()
+                        by_time = req.seek.WhichOneof("target") == "publish_time"
+                        m = req.seek.message_id
+                        pos = await seek_target(topic, None if by_time else Position(m.ledger_id, m.entry_id),
+                                                req.seek.publish_time if by_time else None)
                         request_id = req.seek.request_id
                         await subscription.reset_cursor(
                             pos, before_resume=lambda: writer.send(_status_response(request_id, None)))
@@ -326,80 +310,14 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
 
     @staticmethod
     def _redeliver(subscription, consumer: Consumer, redeliver: pb.RedeliverUnacknowledged) -> None:
-        """As Pulsar's ServerCnx.handleRedeliverUnacknowledged: positions only on
-        individual-ack subscriptions (Shared, Key_Shared), and of those only the
-        ones pending for this consumer; otherwise everything unacknowledged of
-        the consumer, after raising its epoch (PIP-84) so that what it pushes
-        from now on is told apart from frames already on the way.
-
-        A list longer than ``subscription.CHUNK`` positions, or any redelivery
-        while earlier long commands of this consumer are still applied, runs in
-        the consumer's ordered background work (chunks, yielding to the event
-        loop, in the order sent); when that work is full the command is dropped
-        (logged: the positions stay pending and come back when the consumer goes)."""
-        from .service.subscription import CHUNK
-
-        def redeliver_all() -> None:
-            consumer.set_epoch(redeliver.consumer_epoch)
-            dispatcher = subscription.dispatcher
-            if dispatcher is not None and not dispatcher.accepts_redeliver_all(consumer):
-                return  # Failover: only the active consumer can ask for a resend (Pulsar)
-            subscription.redeliver_unacknowledged(consumer, [])
-
-        with_positions = bool(redeliver.positions) and subscription.sub_type in (pb.Shared, pb.Key_Shared)
-        if not consumer.ordered_busy() and (not with_positions or len(redeliver.positions) <= CHUNK):
-            if with_positions:
-                subscription.redeliver_unacknowledged(consumer, redeliver.positions)
-            else:
-                redeliver_all()
-            return
-
-        async def job() -> None:
-            if with_positions:
-                await subscription.redeliver_unacknowledged_async(consumer, redeliver.positions)
-            else:
-                redeliver_all()
-
-        if not consumer.run_ordered(job):
-            log.warning("[%s][%s] consumer %s: too many commands waiting; RedeliverUnacknowledged of %d "
-                        "position(s) dropped", subscription.topic.name, subscription.name, consumer.name,
-                        len(redeliver.positions))
+        """RedeliverUnacknowledged: ``service.edge_commands.apply_redeliver``."""
+        apply_redeliver(subscription, consumer, redeliver)
 
     def _ack(self, subscription, consumer, ack: pb.Ack, writer: ConsumerWriter) -> None:
-        """Apply an Ack and answer it (CommandSuccess once durable, CommandError
-        at once) when it carries a request id; an error is answered even without.
-        Short acks are applied here; long ones (see Subscription.needs_async_ack)
-        and any ack while earlier long commands of this consumer are still applied
-        run in the consumer's ordered background work; when that work is full the
-        ack is refused with ServiceNotReady (retriable)."""
-        def answer(done) -> None:
-            if ack.request_id:
-                fut = asyncio.ensure_future(done)
-                fut.add_done_callback(lambda f: writer.send(_status_response(
-                    ack.request_id, f.exception() if not f.cancelled() else InvalidArgument("cancelled"))))
-            else:
-                asyncio.ensure_future(done).add_done_callback(lambda f: f.cancelled() or f.exception())
-
-        try:
-            inline = not consumer.ordered_busy() and not subscription.needs_async_ack(consumer, ack)
-            if inline:
-                answer(subscription.acknowledge(consumer, ack))
-                return
-        except Exception as exc:
-            writer.send(_status_response(ack.request_id, exc))
-            return
-
-        async def job() -> None:
-            try:
-                done = await subscription.acknowledge_async(consumer, ack)
-            except Exception as exc:
-                writer.send(_status_response(ack.request_id, exc))
-                return
-            answer(done)
-
-        if not consumer.run_ordered(job):
-            writer.send(_status_response(ack.request_id, ServiceNotReady(
-                f"too many acknowledgments of consumer {consumer.name} are still being applied; send it again")))
+        """An Ack (``service.edge_commands.apply_ack``), answered with CommandSuccess /
+        CommandError on the consumer's stream."""
+        apply_ack(subscription, consumer, ack,
+                  lambda request_id, exc: writer.send(_status_response(request_id, exc)))
 
     # ---- lookup / admin ---------------------------------------------------
     async def GetPartitionedTopicMetadata(self, request, context):

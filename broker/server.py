@@ -69,7 +69,27 @@ class BrokerServer:
         self.service: Optional[BrokerService] = None
         self._server = None
         self._http = None
+        self.pulsar_listener = None   # broker.protocols.pulsar.listener.PulsarListener (set by start)
         self._lock_fd = None    # <data_dir>/broker.lock while started (proto.data_dir_lock)
+
+    @property
+    def pulsar_port(self) -> int:
+        """The bound Pulsar-protocol port (``broker_service_port_pulsar``), -1 when off or not started."""
+        listener = self.pulsar_listener
+        return listener.port if listener is not None and listener.port is not None else -1
+
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://<advertised_address>:<pulsar_port>`` for the official Pulsar clients, or
+        ``pulsar+ssl://...:<TLS port>`` with ``tls_enabled`` ("" when off)."""
+        listener = self.pulsar_listener
+        return "" if listener is None else (listener.url or listener.url_tls)
+
+    @property
+    def pulsar_tls_port(self) -> int:
+        """The bound Pulsar-protocol TLS port (``broker_service_port_pulsar_tls``), -1 when off."""
+        listener = self.pulsar_listener
+        return listener.tls_port if listener is not None and listener.tls_port is not None else -1
 
     @property
     def service_url(self) -> str:
@@ -138,6 +158,9 @@ class BrokerServer:
             ns = NamespaceService(self.service, self.metadata, c, self.service_url)
             self.service.namespace_service = ns
             await ns.start()
+        from .protocols.pulsar.listener import PulsarListener
+        self.pulsar_listener = PulsarListener(self.service)
+        await self.pulsar_listener.start()
         self._http, self.http_port = start_metrics_server(
             self.service, c.bind_address, c.web_service_port,
             certfile=c.tls_certificate_file_path if c.tls_enabled else None,
@@ -232,6 +255,8 @@ class BrokerServer:
     async def stop(self) -> None:
         """Stop gRPC (1 s grace for running calls), then close the service, the bookie client,
         the metadata store and the HTTP endpoint; safe after a partial ``start``."""
+        if self.pulsar_listener is not None:
+            await self.pulsar_listener.stop()
         if self._server is not None:
             await self._server.stop(grace=1.0)
         if self.security is not None:

@@ -295,10 +295,11 @@ def broker_command(python: str, proc: ClusterProcess, data_dir: str, metadata_st
     through ``metadata_store_url`` (every broker of one URL is one cluster),
     writes to ``bookies`` (``host:port`` list, the static list that keeps working
     next to bookie registration), binds ``proc.port`` / ``proc.http_port`` (0 = any
-    free port); ``config_file``: extra BrokerConfig keys (the quorums)."""
+    free port; the Pulsar-protocol port is any free port, named on its ready line);
+    ``config_file``: extra BrokerConfig keys (the quorums)."""
     cmd = [python, "-m", "broker", "--metadata-store-url", metadata_store_url, "--bookies", ",".join(bookies),
            "--data-dir", data_dir, "--port", str(proc.port), "--http-port", str(proc.http_port),
-           "--cluster-name", cluster_name]
+           "--pulsar-port", "0", "--pulsar-tls-port", "0", "--cluster-name", cluster_name]
     if config_file:
         cmd += ["--config", config_file]
     return cmd

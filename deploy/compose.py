@@ -138,6 +138,8 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
     volumes: list[str] = []
     ports = [f"{LOCAL}:{_port(c.name, i, b.port)}:{_port(c.name, i, b.port)}"
              for c in topology.clusters for i, b in enumerate(c.brokers)]
+    ports += [f"{LOCAL}:{b.pulsar_port}:{b.pulsar_port}"          # Pulsar binary protocol (official clients)
+              for c in topology.clusters for b in c.brokers if b.pulsar_port > 0]
     services[NETWORK_SERVICE] = {"build": ".", "image": IMAGE, "command": ["sleep", "infinity"], "init": True,
                                  "ports": ports, "restart": "unless-stopped"}
     certs: dict = {}            # --tls: what every service using the certificates adds to depends_on
@@ -263,7 +265,8 @@ def render_compose(topology: Topology, project_root: Path = REPO_ROOT, tls: bool
         out.append("#     docker compose up -d --build        # then the clusters answer on 127.0.0.1:")
     for c in topology.clusters:
         out.append(f"#     {c.name}: {topology.service_url(c.name)}   (ports: "
-                   + ", ".join(f"${port_variable(c.name, i)}" for i in range(len(c.brokers))) + ")")
+                   + ", ".join(f"${port_variable(c.name, i)}" for i in range(len(c.brokers))) + ")"
+                   + (f", official Pulsar clients: {topology.pulsar_url(c.name)}" if topology.pulsar_url(c.name) else ""))
     if tls:
         out += [f"#     (clients: --tls-trust-certs-file-path {TLS_HOST_DIR_DEFAULT}/ca.cert.pem)",
                 f"#     docker compose -f {compose_file_name(tls)} down -v   # -v deletes the volumes, "

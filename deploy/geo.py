@@ -140,6 +140,8 @@ def _wanted_ports(topo: Topology, procs: list[GeoProcess]) -> list[tuple[str, in
             out.append((f"{p.label} peer", p.peer_port))
         if p.kind == "broker" and p.http_port > 0:
             out.append((f"{p.label} http", p.http_port))
+        if p.kind == "broker" and p.pulsar_port > 0:
+            out.append((f"{p.label} pulsar", p.pulsar_port))
     return out
 
 
@@ -215,10 +217,11 @@ def cmd_up(args) -> int:
     rows = []
     for c in topo.clusters:
         http = [b.http_port for b in c.brokers if b.http_port > 0]
-        rows.append((c.name, topo.service_url(c.name), topo.metadata_store_url(c.name),
+        rows.append((c.name, topo.service_url(c.name), topo.pulsar_url(c.name) or "-", topo.metadata_store_url(c.name),
                      ", ".join(f":{p}" for p in c.bookie_ports), f"{c.ensemble_size}/{c.write_quorum}/{c.ack_quorum}",
                      ", ".join(f":{p}" for p in http) or "-"))
-    print(table(["cluster", "service URL", "metadata store", "bookies", "E/Qw/Qa", "metrics (http)"], rows))
+    print(table(["cluster", "service URL", "Pulsar clients", "metadata store", "bookies", "E/Qw/Qa",
+                 "metrics (http)"], rows))
     if topo.configuration_store is not None:
         print(f"\nconfiguration store: {topo.configuration_store_url} (clusters, tenants, namespace policies "
               f"and partitioned topics, shared by {', '.join(topo.names)})")

@@ -100,6 +100,13 @@ class GeoProcess:
         return self.topology.cluster(self.cluster).brokers[self.index].http_port
 
     @property
+    def pulsar_port(self) -> int:
+        """A broker's Pulsar-protocol port (-1 = off; 0 for the others)."""
+        if self.kind != "broker":
+            return 0
+        return self.topology.cluster(self.cluster).brokers[self.index].pulsar_port
+
+    @property
     def url(self) -> str:
         """How clients reach it: ``etcd://h:p``, ``h:p`` (bookie), ``minipulsar://h:p`` (broker)."""
         address = f"{self.topology.host}:{self.port}"

@@ -98,6 +98,7 @@ def standalone_config(args, bookie_ports: list[int], data: Path):
     quorum = min(2, len(bookie_ports))
     values = {**base, "cluster_name": args.cluster_name, "bookies": [f"127.0.0.1:{p}" for p in bookie_ports],
               "data_dir": str(data / "broker"), "broker_service_port": args.port, "web_service_port": args.http_port,
+              "broker_service_port_pulsar": args.pulsar_port, "broker_service_port_pulsar_tls": args.pulsar_tls_port,
               "managed_ledger_default_ensemble_size": quorum, "managed_ledger_default_write_quorum": quorum,
               "managed_ledger_default_ack_quorum": quorum}
     if args.deduplication:
@@ -111,6 +112,7 @@ def standalone_config(args, bookie_ports: list[int], data: Path):
 # BrokerConfig keys the standalone decides (a --broker-config file may not set them), and how to change them
 _STANDALONE_KEYS = {"cluster_name": "--cluster-name", "bookies": "--bookies N starts N local bookies",
                     "data_dir": "--data-dir", "broker_service_port": "--port", "web_service_port": "--http-port",
+                    "broker_service_port_pulsar": "--pulsar-port", "broker_service_port_pulsar_tls": "--pulsar-tls-port",
                     "managed_ledger_default_ensemble_size": "min(2, --bookies)",
                     "managed_ledger_default_write_quorum": "min(2, --bookies)",
                     "managed_ledger_default_ack_quorum": "min(2, --bookies)"}
@@ -221,10 +223,12 @@ async def _run_locked(args, data: Path) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        print(f"minipulsar standalone is ready: service URL {server.service_url}  "
+        pulsar = f"  Pulsar clients {server.pulsar_url}" if server.pulsar_url else ""
+        print(f"minipulsar standalone is ready: service URL {server.service_url}{pulsar}  "
               f"metrics http://127.0.0.1:{server.http_port}/metrics  data {data}  (Ctrl-C stops)",
               file=sys.stderr, flush=True)
-        print(f"STANDALONE_READY port={server.port} pid={os.getpid()} http_port={server.http_port}", flush=True)
+        print(f"STANDALONE_READY port={server.port} pid={os.getpid()} http_port={server.http_port} "
+              f"pulsar_port={server.pulsar_port} pulsar_tls_port={server.pulsar_tls_port}", flush=True)
         try:
             await stop.wait()
         finally:
@@ -246,6 +250,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default="data/standalone", help="where everything is stored (default data/standalone)")
     p.add_argument("--port", type=int, default=6600, help="broker gRPC port (default 6600; 0 = any free port)")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP /metrics port (default 8080; 0 = any, -1 = off)")
+    p.add_argument("--pulsar-port", type=int, default=6650,
+                   help="Pulsar binary protocol port for the official clients (default 6650; 0 = any, -1 = off)")
+    p.add_argument("--pulsar-tls-port", type=int, default=6651,
+                   help="the same over TLS when the broker config has tls_enabled (default 6651; 0 = any, -1 = off)")
     p.add_argument("--bookies", type=int, default=2, help="number of bookies (default 2; Qw=Qa=min(2, N))")
     p.add_argument("--cluster-name", default="standalone")
     p.add_argument("--no-journal-sync", dest="journal_sync", action="store_false", default=True,

@@ -41,6 +41,8 @@ File format (every table and key is optional unless marked)::
     brokers = 2                     # default 2 (or the length of broker_ports)
     broker_ports = [6600, 6610]     # gRPC, one per broker; or broker_port = 6600: broker i on 6600 + 10*i
     http_ports = [8080, 8090]       # /metrics, one per broker; or http_port = 8080 (+ 10*i); -1 / absent = off
+    pulsar_ports = [6650, 6660]     # Pulsar binary protocol for the official clients (pulsar://), one per
+                                    # broker; or pulsar_port = 6650 (+ 10*i); -1 / absent = off
     bookies = 3                     # default 3 (or the length of bookie_ports)
     bookie_ports = [3181, 3182, 3183]   # or bookie_port = 3181: bookie i on 3181 + i
     etcd_port = 2392                # required: the cluster's metadata store (client port)
@@ -116,10 +118,12 @@ class EtcdSpec:
 
 @dataclasses.dataclass(frozen=True)
 class BrokerSpec:
-    """One broker of a cluster: gRPC ``port`` (its service URL) and ``http_port`` (-1 = off)."""
+    """One broker of a cluster: gRPC ``port`` (its service URL), ``http_port`` and
+    ``pulsar_port`` (Pulsar's binary protocol for the official clients); -1 = off."""
 
     port: int
     http_port: int = -1
+    pulsar_port: int = -1      # Pulsar binary protocol (broker_service_port_pulsar); -1 = off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +152,8 @@ class ClusterSpec:
             out.append((f"{self.name} broker_ports[{i}]", b.port))
             if b.http_port > 0:
                 out.append((f"{self.name} http_ports[{i}]", b.http_port))
+            if b.pulsar_port > 0:
+                out.append((f"{self.name} pulsar_ports[{i}]", b.pulsar_port))
         return out
 
     # docker-compose service names
@@ -363,6 +369,15 @@ class Topology:
         c = self.cluster(cluster)
         return f"{self.scheme}://" + ",".join(f"{self.host}:{b.port}" for b in c.brokers)
 
+    def pulsar_url(self, cluster: str) -> str:
+        """The cluster's ``pulsar://h1:p1,h2:p2`` for the official Pulsar clients (its brokers'
+        ``pulsar_ports``; ``pulsar+ssl://`` over TLS, where the same ports serve TLS only, as
+        the gRPC ports do); "" when none has one."""
+        c = self.cluster(cluster)
+        ports = [b.pulsar_port for b in c.brokers if b.pulsar_port > 0]
+        scheme = "pulsar+ssl" if self.tls_dir else "pulsar"
+        return f"{scheme}://" + ",".join(f"{self.host}:{p}" for p in ports) if ports else ""
+
     def bookie_addresses(self, cluster: str) -> list[str]:
         """``host:port`` of the cluster's bookies."""
         return [f"{self.host}:{p}" for p in self.cluster(cluster).bookie_ports]
@@ -390,7 +405,8 @@ class Topology:
         values = dict(self.broker_settings)
         values.update(
             cluster_name=c.name, bookies=self.bookie_addresses(cluster), data_dir=str(data_dir),
-            broker_service_port=b.port, web_service_port=b.http_port,
+            broker_service_port=b.port, web_service_port=b.http_port, broker_service_port_pulsar=b.pulsar_port,
+            broker_service_port_pulsar_tls=b.pulsar_port,     # used only over TLS (then the only Pulsar port)
             bind_address=bind_address or self.host, advertised_address=self.host,
             metadata_store_url=self.metadata_store_url(cluster),
             configuration_metadata_store_url=self.configuration_store_url,
@@ -434,7 +450,8 @@ class _Checker:
 
     TOP_KEYS = {"host", "journal_sync", "ensemble_size", "write_quorum", "ack_quorum", "broker",
                 "configuration_store", "clusters", "tenants", "namespaces", "topics", "demo"}
-    CLUSTER_KEYS = {"name", "brokers", "broker_ports", "broker_port", "http_ports", "http_port", "bookies",
+    CLUSTER_KEYS = {"name", "brokers", "broker_ports", "broker_port", "http_ports", "http_port", "pulsar_ports",
+                    "pulsar_port", "bookies",
                     "bookie_ports", "bookie_port", "etcd_port", "etcd_peer_port", "ensemble_size", "write_quorum",
                     "ack_quorum"}
 
@@ -597,6 +614,16 @@ class _Checker:
             if http_ports is not None and broker_ports is not None and len(http_ports) != len(broker_ports):
                 self.err(f"{where}: http_ports lists {len(http_ports)} port(s) for {len(broker_ports)} broker(s)")
                 http_ports = None
+            pulsar_ports: list | None
+            if c.get("pulsar_port", -1) == -1 and "pulsar_ports" not in c:
+                pulsar_ports = [-1] * n_http
+            else:
+                pulsar_ports = self._port_list(c, where, "pulsar_ports", "pulsar_port", n_http, BROKER_PORT_STRIDE,
+                                               False)
+            if pulsar_ports is not None and broker_ports is not None and len(pulsar_ports) != len(broker_ports):
+                self.err(f"{where}: pulsar_ports lists {len(pulsar_ports)} port(s) for {len(broker_ports)} "
+                         f"broker(s)")
+                pulsar_ports = None
             n_bookies = c.get("bookies") if isinstance(c.get("bookies"), int) else DEFAULT_BOOKIES
             bookie_ports = self._port_list(c, where, "bookie_ports", "bookie_port", n_bookies, 1, True)
             self._count(c, "bookies", where, DEFAULT_BOOKIES, bookie_ports, "bookie_ports")
@@ -611,9 +638,10 @@ class _Checker:
             if qa > qw:
                 self.err(f"{where}: ack_quorum ({qa}) must not exceed write_quorum ({qw})")
             if (broker_ports is None or http_ports is None or bookie_ports is None or etcd is None
-                    or None in broker_ports or None in http_ports or None in bookie_ports):
+                    or pulsar_ports is None or None in broker_ports or None in http_ports or None in bookie_ports
+                    or None in pulsar_ports):
                 continue
-            brokers = tuple(BrokerSpec(p, h) for p, h in zip(broker_ports, http_ports))
+            brokers = tuple(BrokerSpec(p, h, q) for p, h, q in zip(broker_ports, http_ports, pulsar_ports))
             out.append(ClusterSpec(name, brokers, tuple(bookie_ports), etcd, e, qw, qa))
         return out
 

@@ -85,7 +85,7 @@ class Standalone:
         self.repo, self.work = repo, work
         self.data = work / "data"
         self.log = work / "standalone.log"
-        cmd = [sys.executable, "-m", "deploy.cli", "standalone", "--port", "0", "--http-port", "0",
+        cmd = [sys.executable, "-m", "deploy.cli", "standalone", "--port", "0", "--http-port", "0", "--pulsar-port", "0",
                "--data-dir", str(self.data)]
         self._log_f = open(self.log, "ab")
         self.popen = subprocess.Popen(cmd, cwd=str(repo), env=env_for(repo), stdout=subprocess.PIPE,

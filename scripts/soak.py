@@ -200,7 +200,7 @@ class Standalone:
         self.probe_file = base / "probe.jsonl"
         self.log = base / "standalone.log"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--probe", str(self.probe_file),
-               "--probe-sample", str(sample_s), "--", "-m", "deploy.cli", "standalone", "--port", "0",
+               "--probe-sample", str(sample_s), "--", "-m", "deploy.cli", "standalone", "--port", "0", "--pulsar-port", "0",
                "--http-port", "0", "--data-dir", str(self.data)]
         if broker_config:
             cmd += ["--broker-config", broker_config]

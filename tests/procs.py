@@ -201,23 +201,51 @@ class StandaloneProcess(ServerProcess):
     ready_prefix = "STANDALONE_READY"
 
     def __init__(self, data_dir, extra_args=(), tracker=None, ready_timeout_s: float = 60.0,
-                 port: int = 0) -> None:
+                 port: int = 0, pulsar_port: int = 0) -> None:
         super().__init__(data_dir, extra_args, tracker, ready_timeout_s)
         self.requested_port = port
+        self.requested_pulsar_port = pulsar_port   # Pulsar binary protocol (0 = any free port)
+        self.pulsar_port: int | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "deploy.cli", "standalone", "--port", str(self.requested_port),
-                "--http-port", "0", "--data-dir", str(self.data_dir), *self.extra_args]
+                "--http-port", "0", "--pulsar-port", str(self.requested_pulsar_port), "--pulsar-tls-port", "0",
+                "--data-dir", str(self.data_dir), *self.extra_args]
+
+    def start(self) -> "StandaloneProcess":
+        super().start()
+        try:
+            text = self.stdout_log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = None
+        for m in re.finditer(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} .*pulsar_port=(-?\d+)",
+                             text, re.M):
+            pass
+        self.pulsar_port = int(m.group(1)) if m else None
+        m = re.search(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} .*pulsar_tls_port=(-?\d+)",
+                      text, re.M)
+        self.pulsar_tls_port = int(m.group(1)) if m else None
+        return self
 
     @property
     def service_url(self) -> str:
         return f"minipulsar://127.0.0.1:{self.port}"
 
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://127.0.0.1:<pulsar_port>`` (``pulsar+ssl://...:<pulsar_tls_port>`` when the
+        broker serves TLS): the official Pulsar clients' service URL."""
+        if (self.pulsar_port is None or self.pulsar_port < 0) and (self.pulsar_tls_port or -1) > 0:
+            return f"pulsar+ssl://127.0.0.1:{self.pulsar_tls_port}"
+        return f"pulsar://127.0.0.1:{self.pulsar_port}"
+
     def restart(self, same_port: bool = True) -> "StandaloneProcess":
         if self.is_running():
             raise RuntimeError(f"{self!r} is still running: terminate() or kill() it first")
         proc = StandaloneProcess(self.data_dir, self.extra_args, self.tracker, self.ready_timeout_s,
-                                 port=self.port if same_port else 0)
+                                 port=self.port if same_port else 0,
+                                 pulsar_port=(self.pulsar_port or 0) if same_port else 0)
         return proc.start()
 
     def kill(self) -> int | None:
@@ -262,16 +290,19 @@ class BrokerProcess(ServerProcess):
     ready_prefix = "BROKER_READY"
 
     def __init__(self, data_dir, bookies, config_file=None, extra_args=(), tracker=None,
-                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, port: int = 0) -> None:
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, port: int = 0, pulsar_port: int = 0) -> None:
         super().__init__(data_dir, extra_args, tracker, ready_timeout_s)
         self.bookies = [bookies] if isinstance(bookies, str) else list(bookies)
         self.config_file = None if config_file is None else Path(config_file)
         self.requested_port = port
+        self.requested_pulsar_port = pulsar_port   # Pulsar binary protocol (0 = any free port)
         self.http_port: int | None = None
+        self.pulsar_port: int | None = None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "broker", *(["--bookies", ",".join(self.bookies)] if self.bookies else []),
-               "--data-dir", str(self.data_dir), "--port", str(self.requested_port), "--http-port", "0"]
+               "--data-dir", str(self.data_dir), "--port", str(self.requested_port), "--http-port", "0",
+               "--pulsar-port", str(self.requested_pulsar_port), "--pulsar-tls-port", "0"]
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
         return cmd + list(self.extra_args)
@@ -284,29 +315,38 @@ class BrokerProcess(ServerProcess):
         except OSError:
             text = ""
         m = None
-        for m in re.finditer(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} http_port=(-?\d+)",
-                             text, re.M):
+        for m in re.finditer(rf"^{re.escape(self.ready_prefix)} port={self.port} pid={self.pid} http_port=(-?\d+)"
+                             rf"(?: pulsar_port=(-?\d+))?", text, re.M):
             pass
         self.http_port = int(m.group(1)) if m else None
+        self.pulsar_port = int(m.group(2)) if m and m.group(2) else None
         return self
 
     @property
     def service_url(self) -> str:
         return f"minipulsar://127.0.0.1:{self.port}"
 
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://127.0.0.1:<pulsar_port>``: the official Pulsar clients' service URL."""
+        return f"pulsar://127.0.0.1:{self.pulsar_port}"
+
     def restart(self, same_port: bool = True) -> "BrokerProcess":
         if self.is_running():
             raise RuntimeError(f"{self!r} is still running: terminate() or kill() it first")
         proc = BrokerProcess(self.data_dir, self.bookies, self.config_file, self.extra_args, self.tracker,
-                             self.ready_timeout_s, port=self.port if same_port else 0)
+                             self.ready_timeout_s, port=self.port if same_port else 0,
+                             pulsar_port=(self.pulsar_port or 0) if same_port else 0)
         return proc.start()
 
 
 def start_broker(data_dir, bookies, config_file=None, extra_args=(), tracker: ProcessTracker | None = None,
-                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, port: int = 0) -> BrokerProcess:
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, port: int = 0, pulsar_port: int = 0) -> BrokerProcess:
     """Start a broker process on ``bookies`` (addresses ``host:port``) and wait until it
-    is ready (blocking, ~1-2 s). ``config_file``: a TOML file of BrokerConfig keys."""
-    return BrokerProcess(data_dir, bookies, config_file, extra_args, tracker, ready_timeout_s, port).start()
+    is ready (blocking, ~1-2 s). ``config_file``: a TOML file of BrokerConfig keys;
+    ``pulsar_port``: its Pulsar-protocol port (0 = any free port)."""
+    return BrokerProcess(data_dir, bookies, config_file, extra_args, tracker, ready_timeout_s, port,
+                         pulsar_port).start()
 
 
 def restart_bookie_same_port(proc: BookieProcess, extra_args=()) -> BookieProcess:

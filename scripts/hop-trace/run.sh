@@ -18,7 +18,7 @@ trap cleanup EXIT
 git -C "$work/tree" apply "$here/instrument.patch"
 cd "$work/tree"
 export PYTHONPATH="$work/tree:$here"
-"$py" -m deploy.cli standalone --port "$port" --http-port 0 --data-dir "$work/data" "$@" > "$work/standalone.log" 2>&1 &
+"$py" -m deploy.cli standalone --port "$port" --http-port 0 --pulsar-port 0 --data-dir "$work/data" "$@" > "$work/standalone.log" 2>&1 &
 sa=$!
 for _ in $(seq 100); do grep -q STANDALONE_READY "$work/standalone.log" && break; sleep 0.2; done
 grep -q STANDALONE_READY "$work/standalone.log" || { cat "$work/standalone.log"; exit 1; }

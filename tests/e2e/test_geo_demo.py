@@ -109,6 +109,7 @@ def test_geo_up_starts_three_broker_clusters_and_a_configuration_store(stack):
     p = stack.ports
     for name, (a, b) in {"us-east": (6600, 6610), "us-west": (6601, 6611), "eu-central": (6602, 6612)}.items():
         assert f"minipulsar://127.0.0.1:{p[a]},127.0.0.1:{p[b]}" in up.stdout, (name, up.stdout)
+        assert f"pulsar://127.0.0.1:{p[a + 50]},127.0.0.1:{p[b + 50]}" in up.stdout, (name, up.stdout)
     assert f"configuration store: etcd://127.0.0.1:{p[2390]}" in up.stdout
     assert "ready in" in up.stdout and f"{PROCESSES} started" in up.stdout
     assert "once, in the configuration store" in up.stderr and "waiting for" not in up.stdout
@@ -122,6 +123,24 @@ def test_geo_up_starts_three_broker_clusters_and_a_configuration_store(stack):
     for name in CLUSTERS:
         assert status.stdout.count(f"{name}/broker-") == 2 and f"{name}/etcd" in status.stdout
     assert "owned bundles:" in status.stdout and "leader" in status.stdout
+
+
+def test_the_official_pulsar_client_on_the_printed_urls_replicates_between_clusters(stack):
+    """pulsar-client on us-east's printed ``pulsar://`` multi-host URL produces; the copy
+    replicated to us-west is consumed there through us-west's ``pulsar://`` URL."""
+    pulsar = pytest.importorskip("pulsar", reason="pulsar-client (the `test` extra) is not installed")
+    p = stack.ports
+    east = pulsar.Client(f"pulsar://127.0.0.1:{p[6650]},127.0.0.1:{p[6660]}", operation_timeout_seconds=30)
+    west = pulsar.Client(f"pulsar://127.0.0.1:{p[6651]},127.0.0.1:{p[6661]}", operation_timeout_seconds=30)
+    try:
+        topic = f"persistent://geo/flights/official-{time.time_ns()}"
+        consumer = west.subscribe(topic, "official", initial_position=pulsar.InitialPosition.Earliest)
+        east.create_producer(topic).send(b"from pulsar-client in us-east", properties={"k": "v"})
+        msg = consumer.receive(30_000)
+        assert (msg.data(), msg.properties()) == (b"from pulsar-client in us-east", {"k": "v"})
+    finally:
+        east.close()
+        west.close()
 
 
 def test_a_namespace_policy_changed_once_applies_in_all_three_clusters(stack):

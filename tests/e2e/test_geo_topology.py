@@ -46,7 +46,9 @@ def test_default_topology_is_the_issue_layout():
     assert topo.demo.origins == (("us-east", "EWR"), ("us-west", "JFK"), ("eu-central", "LGA"))
     assert topo.service_url("us-east") == "minipulsar://127.0.0.1:6600,127.0.0.1:6610"
     assert topo.service_url("us-west") == "minipulsar://127.0.0.1:6601,127.0.0.1:6611"
-    assert len(topo.ports()) == 2 + 3 * (2 + 3 + 2 * 2)
+    assert topo.pulsar_url("us-east") == "pulsar://127.0.0.1:6650,127.0.0.1:6660"   # the official clients
+    assert [topo.broker_config("us-west", i, "/tmp/x").broker_service_port_pulsar for i in range(2)] == [6651, 6661]
+    assert len(topo.ports()) == 2 + 3 * (2 + 3 + 2 * 3)
 
 
 def test_duplicate_port_is_rejected_with_both_owners():
@@ -219,7 +221,8 @@ def test_compose_has_one_service_per_process_started_in_order():
         for i, b in enumerate(c.brokers):
             var = f"MINIPULSAR_PORT_{c.name.upper().replace('-', '_')}_{i}"
             published.append(f"127.0.0.1:${{{var}:-{b.port}}}:${{{var}:-{b.port}}}")
-    assert net["ports"] == published, "each broker's port on the host's 127.0.0.1, under the same number"
+    published += [f"127.0.0.1:{b.pulsar_port}:{b.pulsar_port}" for c in topo.clusters for b in c.brokers]
+    assert net["ports"] == published, "each broker's ports (gRPC, then Pulsar protocol) on the host's 127.0.0.1"
     for name, svc in services.items():
         assert svc["network_mode"] == "service:geo-net"
         assert svc["depends_on"].pop("geo-net") == {"condition": "service_started"}

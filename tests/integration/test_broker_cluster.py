@@ -310,7 +310,8 @@ def test_broker_waits_for_etcd_at_start(tmp_path, process_tracker):
     bookies = [start_bookie(tmp_path / f"bookie-{i}", tracker=process_tracker).address for i in range(2)]
     log = open(tmp_path / "broker.err", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "broker", "--metadata-store-url", etcd.url, "--bookies",
-                             ",".join(bookies), "--data-dir", str(tmp_path / "b"), "--port", "0", "--http-port", "0"],
+                             ",".join(bookies), "--data-dir", str(tmp_path / "b"), "--port", "0", "--http-port", "0",
+                             "--pulsar-port", "0"],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         time.sleep(3)

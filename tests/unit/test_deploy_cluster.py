@@ -181,7 +181,8 @@ def test_bookie_and_broker_commands():
     assert cmd[:3] == ["py", "-m", "broker"]
     assert dict(zip(cmd[3::2], cmd[4::2])) == {
         "--metadata-store-url": "etcd://127.0.0.1:1", "--bookies": "127.0.0.1:1,127.0.0.1:2",
-        "--data-dir": "/d/broker-1", "--port": "6601", "--http-port": "0", "--cluster-name": "east",
+        "--data-dir": "/d/broker-1", "--port": "6601", "--http-port": "0", "--pulsar-port": "0", "--pulsar-tls-port": "0",
+        "--cluster-name": "east",
         "--config": "/d/broker.toml"}
 
 

@@ -30,7 +30,8 @@ def test_plan_starts_etcds_then_bookies_then_brokers(tmp_path):
         "us-west/broker-1"]
     assert len({p.pid_file for p in procs}) == len(procs) and len({p.log_file for p in procs}) == len(procs)
     assert {p.port for p in procs} | {p.peer_port for p in procs if p.kind == "etcd"} | \
-        {p.http_port for p in procs if p.kind == "broker"} == {port for _, port in topo.ports()}
+        {p.http_port for p in procs if p.kind == "broker"} | {p.pulsar_port for p in procs if p.kind == "broker"} == \
+        {port for _, port in topo.ports()}
 
 
 def test_plan_commands_name_the_cluster_stores(tmp_path, monkeypatch):
