@@ -93,6 +93,8 @@ log = logging.getLogger(__name__)
 
 # Where bookies register (BookKeeper's /ledgers/available/<host:port>; bookie.registration).
 AVAILABLE_BOOKIES_PATH = "/ledgers/available"
+# Where read-only bookies register instead (BookKeeper's /ledgers/available/readonly/<host:port>).
+READONLY_BOOKIES_PATH = AVAILABLE_BOOKIES_PATH + "/readonly"
 
 
 def _is_bookie_address(name: str) -> bool:
@@ -139,6 +141,10 @@ class BookKeeper:
         self.security = security  # proto.channels.ChannelSecurity of every bookie connection (None: plaintext)
         self._connections: dict[str, BookieConnection] = {}
         self._failed_at: dict[str, float] = {}
+        # Bookies that answered a probe as read-only (disk full): never chosen for a new
+        # ensemble or as a spare until a probe finds them writable (BookKeeper's placement
+        # uses only writable bookies; read-only ones register under /ledgers/available/readonly).
+        self.read_only_bookies: set[str] = set()
         self._closed = False
         # Digest mismatches read, per bookie address (DigestManager): corrupt replicas seen.
         self.corrupt_replicas: collections.Counter = collections.Counter()
@@ -161,7 +167,9 @@ class BookKeeper:
 
     def is_failed(self, address: str) -> bool:
         """True while ``address`` is quarantined (marked failed less than
-        ``failed_bookie_quarantine_s`` seconds ago)."""
+        ``failed_bookie_quarantine_s`` seconds ago) or was last seen read-only."""
+        if address in self.read_only_bookies:
+            return True
         t = self._failed_at.get(address)
         return t is not None and time.monotonic() - t < self.quarantine_s
 
@@ -204,11 +212,13 @@ class BookKeeper:
         return random.choice(candidates) if candidates else None
 
     async def revive_quarantined(self, exclude=()) -> int:
-        """Probe the quarantined bookies not in ``exclude`` (one ReadLastAddConfirmed each,
-        PROBE_TIMEOUT_S); those that answer leave quarantine. Returns how many did, plus
-        (without a static list) how many healthy bookies not in ``exclude`` registered
-        since the last read. Used when too few healthy bookies are left for an ensemble
-        or a spare, as BookKeeper's placement falls back to quarantined bookies then."""
+        """Probe the quarantined and read-only bookies not in ``exclude`` (one GetBookieInfo
+        each, PROBE_TIMEOUT_S); those that answer as *writable* leave quarantine, those that
+        answer read-only (disk full) stay out of the ensemble choices (``read_only_bookies``:
+        a read-only bookie serves reads, so answering alone proves nothing). Returns how many
+        came back, plus (without a static list) how many healthy bookies not in ``exclude``
+        registered since the last read. Used when too few healthy bookies are left for an
+        ensemble or a spare, as BookKeeper's placement falls back to quarantined bookies then."""
         discovered = 0
         if not self.static_bookies:
             before = set(self.bookies)
@@ -218,25 +228,48 @@ class BookKeeper:
         if not quarantined:
             return discovered
 
-        async def alive(address: str) -> bool:
-            """False when the probe got UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED; any other
-            answer (NOT_FOUND for ledger 0 included) shows the bookie serves."""
+        async def probe(address: str) -> Optional[bool]:
+            """None when the probe got UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED, else whether
+            the bookie is read-only (an older bookie without GetBookieInfo: False)."""
             try:
-                await self.connection(address).stub.ReadLastAddConfirmed(
-                    pb.LedgerRequest(ledger_id=0), timeout=PROBE_TIMEOUT_S, wait_for_ready=True)
-                return True
+                info = await self.connection(address).stub.GetBookieInfo(
+                    pb.BookieInfoRequest(), timeout=PROBE_TIMEOUT_S, wait_for_ready=True)
+                return bool(info.read_only)
             except grpc.aio.AioRpcError as exc:
-                return exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                          grpc.StatusCode.CANCELLED)
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  grpc.StatusCode.CANCELLED):
+                    return None
+                return False
 
-        results = await asyncio.gather(*(alive(b) for b in quarantined))
+        results = await asyncio.gather(*(probe(b) for b in quarantined))
         revived = 0
-        for address, ok in zip(quarantined, results):
-            if ok:
-                self._failed_at.pop(address, None)
-                revived += 1
-                log.info("bookie %s answers again: back in the ensemble choices", address)
+        for address, read_only in zip(quarantined, results):
+            if read_only is None:
+                continue
+            if read_only:
+                if address not in self.read_only_bookies:
+                    log.warning("bookie %s is read-only (disk full): not chosen for new ensembles", address)
+                self.read_only_bookies.add(address)
+                continue
+            self._failed_at.pop(address, None)
+            if address in self.read_only_bookies:
+                self.read_only_bookies.discard(address)
+                log.info("bookie %s is writable again", address)
+            revived += 1
+            log.info("bookie %s answers again: back in the ensemble choices", address)
         return revived + discovered
+
+    async def _read_only_registered(self) -> list[str]:
+        """Bookies registered read-only under ``/ledgers/available/readonly`` (none with a static
+        list; [] when the store cannot be read), plus those a probe found read-only."""
+        names: list[str] = []
+        if not self.static_bookies:
+            try:
+                names = [n for n in await self.metadata.get_children(READONLY_BOOKIES_PATH)
+                         if _is_bookie_address(n)]
+            except Exception:  # noqa: BLE001 - only for the error message
+                names = []
+        return sorted(set(names) | self.read_only_bookies)
 
     async def create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` healthy bookies; returns the writer's handle.
@@ -254,9 +287,11 @@ class BookKeeper:
             healthy = [b for b in self.bookies if not self.is_failed(b)]
         if len(healthy) < ensemble_size:
             where = "" if self.static_bookies else f" registered under {AVAILABLE_BOOKIES_PATH}"
+            read_only = await self._read_only_registered()
+            ro = f"; read-only (disk full): {read_only}" if read_only else ""
             raise NotEnoughBookiesError(
-                f"need {ensemble_size} bookies for a new ledger, {len(healthy)} healthy of "
-                f"{len(self.bookies)}{where}")
+                f"NotEnoughBookies: need {ensemble_size} writable bookies for a new ledger, {len(healthy)} "
+                f"healthy of {len(self.bookies)}{where}{ro}", read_only_bookies=read_only)
         ledger_id = await self.metadata.increment_counter(LEDGER_ID_COUNTER_PATH)
         start = ledger_id % len(healthy)
         ensemble = (healthy[start:] + healthy[:start])[:ensemble_size]

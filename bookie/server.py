@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,8 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 READ_CHUNK_BYTES = 1024 * 1024
+# Seconds between two quick disk checks on the add path (BookieServicer._quick_disk_check).
+QUICK_DISK_CHECK_S = 0.002
 
 
 @dataclass
@@ -146,6 +149,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._pumps: set[asyncio.Task] = set()
         self._stopping = False
         self.disk_usage = 0.0   # last measured by BookieServer's disk monitor
+        self._last_quick_check = 0.0
 
     def close_streams(self) -> None:
         """Shutdown step: stop reading every AddEntry stream; each one ends (status OK)
@@ -230,6 +234,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         nbytes: payload bytes of the valid adds.
         """
         max_size = self._config.max_entry_size_bytes
+        if not self._storage.read_only:
+            self._quick_disk_check()
         read_only = self._storage.read_only
         nbytes = 0
         ops = []
@@ -266,6 +272,27 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 nbytes += len(payload)
         index = [i for i in range(len(adds)) if i not in pre_errors] if pre_errors else None
         return ops, index, pre_errors, nbytes
+
+    def _quick_disk_check(self) -> None:
+        """On the add path, at most every QUICK_DISK_CHECK_S: turn read-only at once when the
+        filesystem reaches disk_usage_threshold (one statvfs). The disk monitor checks only every
+        disk_check_interval_s; a fast writer would fill a small disk before it looks, and the
+        commit would then fail with SQLITE_FULL. Leaving read-only stays the monitor's job."""
+        now = time.monotonic()
+        if now - self._last_quick_check < QUICK_DISK_CHECK_S:
+            return
+        self._last_quick_check = now
+        try:
+            usage = self._storage.quick_usage()
+        except OSError:
+            return
+        threshold = self._config.disk_usage_threshold
+        if usage >= threshold:
+            self.disk_usage = usage
+            self._storage.set_read_only(True, f"filesystem of {self._config.data_dir} is {usage:.1%} full, at or "
+                                              f"over disk_usage_threshold={threshold}; adds are refused until it is "
+                                              f"below disk_usage_lwm_threshold={self._config.disk_usage_lwm_threshold} "
+                                              f"(delete ledgers or add space)")
 
     # ------------------------------------------------------------------ reads
 
@@ -463,6 +490,7 @@ class BookieServer:
         self._servicer: BookieServicer | None = None
         self._monitor: asyncio.Task | None = None
         self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
+        self._registration_moves: set[asyncio.Task] = set()   # read-only <-> writable re-registrations
         # proto.channels.ServerSecurity of the bookie's port (None: plaintext, no authentication)
         self.security: ServerSecurity | None = None
         if config.tls_enabled:
@@ -531,13 +559,26 @@ class BookieServer:
 
         registration = BookieRegistration(self.config.metadata_store_url, self.advertised_address,
                                           value=registration_value(self.advertised_address,
-                                                                   self.storage.instance_id))
+                                                                   self.storage.instance_id),
+                                          read_only=self.storage.read_only)
         try:
             await registration.start()
         except BaseException:
             await self.stop(grace_s=0)
             raise
         self.registration = registration
+        self.storage.on_read_only_change = self._on_read_only_change
+        if registration.read_only != self.storage.read_only:   # changed while registering
+            self._on_read_only_change(self.storage.read_only)
+
+    def _on_read_only_change(self, read_only: bool) -> None:
+        """The storage turned read-only or writable (disk monitor, or a commit that hit a full
+        disk): register under /ledgers/available/readonly or /ledgers/available accordingly."""
+        registration = self.registration
+        if registration is not None:
+            task = asyncio.get_running_loop().create_task(registration.set_read_only(read_only))
+            self._registration_moves.add(task)
+            task.add_done_callback(self._registration_moves.discard)
 
     async def _check_disk(self) -> None:
         """Measure the disk usage once and update the read-only state."""
@@ -571,6 +612,9 @@ class BookieServer:
         other RPCs up to ``grace_s`` seconds, then close the storage (queued adds commit)."""
         if self.registration is not None:
             registration, self.registration = self.registration, None
+            self.storage.on_read_only_change = None
+            if self._registration_moves:
+                await asyncio.wait(list(self._registration_moves), timeout=2.0)
             await registration.stop()
         if self._monitor is not None:
             self._monitor.cancel()
