@@ -300,8 +300,39 @@ class BookKeeper:
             state=LedgerState.OPEN, last_entry_id=-1, length=0, password=os.urandom(16),
             ctime=int(time.time() * 1000))
         md.fragments.add(first_entry_id=0, ensemble=ensemble)
+        md.bookie_instance_ids.update(await self.instance_ids(ensemble))
         version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=-1)
         return LedgerHandle(self, ledger_id, md, version, writable=True)
+
+    async def instance_ids(self, addresses) -> dict[str, str]:
+        """The cookie instance id of each bookie of ``addresses`` (``host:port``) as its last
+        answer on this client carried it, asked with GetBookieInfo (PROBE_TIMEOUT_S) when none
+        did yet. A bookie that does not answer is left out. Recorded in the ledger metadata
+        (``bookie_instance_ids``) so that ledger recovery can tell a bookie that took the
+        adds from one wiped and re-initialized under its address (BookKeeper: the bookie's
+        Cookie, instanceId). Never raises."""
+        out: dict[str, str] = {}
+        missing = []
+        for address in addresses:
+            known = self.connection(address).last_instance_id
+            if known:
+                out[address] = known
+            else:
+                missing.append(address)
+
+        async def ask(address: str) -> None:
+            try:
+                info = await self.connection(address).stub.GetBookieInfo(pb.BookieInfoRequest(),
+                                                                          timeout=PROBE_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                return
+            if info.instance_id:
+                self.connection(address)._note_instance(info.instance_id)
+                out[address] = info.instance_id
+
+        if missing:
+            await asyncio.gather(*(ask(a) for a in missing))
+        return out
 
     async def get_metadata(self, ledger_id: int) -> tuple[metadata_pb2.LedgerMetadata, int]:
         """The ledger's metadata and its version; NoSuchLedgerError when absent."""

@@ -365,6 +365,8 @@ class LedgerHandle:
                         md.fragments[-1].ensemble.extend(new_ensemble)
                     else:
                         md.fragments.add(first_entry_id=first, ensemble=new_ensemble)
+                    md.bookie_instance_ids.update(await self.bk.instance_ids([new_ensemble[ensemble.index(b)]
+                                                                              for b in replace]))
                     try:
                         version = await self.bk.metadata.put(ledger_path(self.ledger_id), md.SerializeToString(),
                                                              expected_version=self._version)

@@ -23,6 +23,11 @@ which choose new ensembles among the direct children of ``/ledgers/available`` t
 addresses, never put a read-only bookie in a new ensemble, and see it again once it is
 writable.
 
+The bookie's cookie (see :mod:`bookie.cookie`) is also kept in etcd, without a lease,
+under ``/ledgers/cookies/<host:port>`` (BookKeeper's cookie in the registration manager):
+:func:`read_stored_cookie` before the data dir is opened, :func:`write_stored_cookie`
+once it is (replacing it only for ``--format``).
+
 Uses ``aetcd`` directly: the ``bookie`` package does not import ``broker``.
 """
 from __future__ import annotations
@@ -41,7 +46,8 @@ from proto.etcd_calls import describe_error as _describe
 from proto.etcd_calls import keep_alive_rpc
 from proto.metadata_url import parse_etcd_endpoints
 
-__all__ = ["AVAILABLE_PATH", "READONLY_PATH", "DEFAULT_TTL_S", "BookieRegistration", "RegistrationError", "registration_value"]
+__all__ = ["AVAILABLE_PATH", "READONLY_PATH", "DEFAULT_TTL_S", "BookieRegistration", "RegistrationError",
+           "registration_value", "read_stored_cookie", "write_stored_cookie"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,98 @@ class RegistrationError(Exception):
 def registration_value(address: str, instance_id: Optional[str] = None) -> bytes:
     """The registration's value: JSON ``{"address": ..., "instance_id": ...}`` as UTF-8 bytes."""
     return json.dumps({"address": address, "instance_id": instance_id}, sort_keys=True).encode()
+
+
+def _parent_ops(path: str) -> list:
+    """Txn ops creating the missing parents of ``path`` with an empty value (as the broker's
+    EtcdMetadataStore materializes them)."""
+    ops = []
+    parts = path.split("/")[1:-1]
+    for i in range(len(parts)):
+        parent = ("/" + "/".join(parts[:i + 1])).encode()
+        ops.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
+            compare=[rpc.Compare(key=parent, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                 create_revision=0)],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=parent, value=b""))])))
+    return ops
+
+
+async def _with_etcd(metadata_store_url: str, what: str, call, timeout_s: float):
+    """Run ``await call(client)`` against the first etcd endpoint of ``metadata_store_url`` that
+    answers, retrying for ``timeout_s`` seconds; raises RegistrationError after that."""
+    endpoints = parse_etcd_endpoints(metadata_store_url)
+    deadline = time.monotonic() + timeout_s
+    i = 0
+    while True:
+        host, port = endpoints[i % len(endpoints)]
+        client = aetcd.Client(host=host, port=port)
+        try:
+            await client.connect()
+            return await call(client)
+        except (grpc.aio.AioRpcError, aetcd.ClientError) as exc:
+            problem = _describe(exc)
+        finally:
+            try:
+                await client.close()
+            except Exception:  # noqa: BLE001 - closing a client that never connected
+                pass
+        if time.monotonic() >= deadline:
+            raise RegistrationError(f"cannot {what} in etcd at {metadata_store_url} after {timeout_s:g} s "
+                                    f"({problem}): start etcd or fix metadata_store_url")
+        log.warning("%s: cannot reach etcd at %s:%s (%s); retrying", what, host, port, problem)
+        i += 1
+        await asyncio.sleep(0.5)
+
+
+async def read_stored_cookie(metadata_store_url: str, bookie_id: str, timeout_s: float = 30.0):
+    """The bookie's cookie kept in the metadata store under ``/ledgers/cookies/<bookie_id>``
+    (BookKeeper's ``Cookie.readFromRegistrationManager``), a :class:`bookie.cookie.Cookie`,
+    or None when there is none. Raises RegistrationError (etcd unreachable for ``timeout_s``)
+    and InvalidCookieError when the stored value is not a cookie."""
+    from bookie import cookie as cookies
+
+    path = cookies.stored_cookie_path(bookie_id)
+
+    async def get(client):
+        reply = await client.kvstub.Range(rpc.RangeRequest(key=path.encode()), timeout=5.0)
+        return reply.kvs[0].value if reply.kvs else None
+
+    raw = await _with_etcd(metadata_store_url, f"read the cookie {path}", get, timeout_s)
+    if raw is None:
+        return None
+    try:
+        return cookies.cookie_from_json(raw)
+    except ValueError as exc:
+        raise cookies.InvalidCookieError(f"the metadata store's cookie {path} is damaged ({exc}); delete it "
+                                         f"(etcdctl del {path}) to register this bookie again") from None
+
+
+async def write_stored_cookie(metadata_store_url: str, bookie_id: str, cookie, replace: bool = False,
+                              timeout_s: float = 30.0) -> None:
+    """Keep ``cookie`` (a :class:`bookie.cookie.Cookie`) under ``/ledgers/cookies/<bookie_id>``
+    (BookKeeper's ``Cookie.writeToRegistrationManager``; no lease: it outlives the bookie's
+    process, that is its point). Without ``replace`` an existing cookie is left as it is
+    (checked at start by :func:`bookie.cookie.check_stored_cookie`); with it (``--format``)
+    it is overwritten. Raises RegistrationError when etcd is unreachable for ``timeout_s``."""
+    from bookie import cookie as cookies
+
+    path = cookies.stored_cookie_path(bookie_id)
+    key, value = path.encode(), cookie.to_json().encode()
+
+    async def put(client):
+        put_op = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
+        if replace:
+            ops = _parent_ops(path) + [put_op]
+            await client.kvstub.Txn(rpc.TxnRequest(success=ops), timeout=5.0)
+        else:
+            await client.kvstub.Txn(rpc.TxnRequest(
+                compare=[rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                     create_revision=0)],
+                success=_parent_ops(path) + [put_op]), timeout=5.0)
+
+    await _with_etcd(metadata_store_url, f"write the cookie {path}", put, timeout_s)
+    log.info("bookie %s: cookie (instance %s) kept in the metadata store under %s%s", bookie_id,
+             cookie.instance_id, path, " (replaced)" if replace else "")
 
 
 class BookieRegistration:
@@ -132,15 +230,7 @@ class BookieRegistration:
         self._stale_key = None
 
     def _parent_ops(self) -> list:
-        ops = []
-        parts = self.path.split("/")[1:-1]
-        for i in range(len(parts)):
-            parent = ("/" + "/".join(parts[:i + 1])).encode()
-            ops.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
-                compare=[rpc.Compare(key=parent, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
-                                     create_revision=0)],
-                success=[rpc.RequestOp(request_put=rpc.PutRequest(key=parent, value=b""))])))
-        return ops
+        return _parent_ops(self.path)
 
     @property
     def key(self) -> bytes:

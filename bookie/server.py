@@ -469,9 +469,12 @@ class BookieServer:
     ``await stop(grace_s)`` stops accepting RPCs, ends the AddEntry streams once
     the adds already read are answered, lets other RPCs finish for up to
     ``grace_s`` seconds, then commits what is queued and closes the database.
-    With ``config.metadata_store_url`` set, ``start()`` finally registers the bookie under
-    ``/ledgers/available/<advertised_address>`` in etcd and ``stop()`` first unregisters it
-    (:mod:`bookie.registration`).
+    With ``config.metadata_store_url`` set, ``start()`` first checks the data dir's cookie
+    against the one etcd keeps for this address (``/ledgers/cookies/<advertised_address>``:
+    a wiped data dir is refused, ``--format`` replaces it), finally keeps the cookie there
+    and registers the bookie under ``/ledgers/available/<advertised_address>``
+    (``/ledgers/available/readonly/...`` while read-only), and ``stop()`` first unregisters
+    it (:mod:`bookie.registration`).
     Raises ``RuntimeError`` if the port cannot be bound,
     :class:`bookie.cookie.InvalidCookieError` / :class:`bookie.storage.DataDirInUse`
     if the data dir is not this bookie's and
@@ -533,6 +536,8 @@ class BookieServer:
             raise RuntimeError(f"cannot bind bookie to {target}: {exc}{who}") from exc
         self.port = port
         try:
+            if self.config.metadata_store_url:
+                await self._check_stored_cookie()
             await self.storage.open(self.address, format=self.format, create_cookie=self.create_cookie)
         except BaseException:
             await server.stop(None)
@@ -552,10 +557,33 @@ class BookieServer:
                  self.address, self.storage.instance_id, self.config.data_dir, self.config.journal_sync,
                  ", READ-ONLY" if self.storage.read_only else "")
 
+    async def _check_stored_cookie(self) -> None:
+        """Before the data dir is opened: the cookie the metadata store keeps for this bookie
+        (``/ledgers/cookies/<advertised address>``) against the data dir's
+        (:func:`bookie.cookie.check_stored_cookie`). Raises InvalidCookieError (a wiped or
+        swapped data dir) or RegistrationError (etcd unreachable)."""
+        from bookie import cookie as cookies
+        from bookie.registration import read_stored_cookie
+
+        stored = await read_stored_cookie(self.config.metadata_store_url, self.advertised_address)
+        local = cookies.read_cookie(self.config.data_dir)
+        cookies.check_stored_cookie(self.config.data_dir, local, stored, self.advertised_address, self.format)
+
     async def _register(self) -> None:
-        """Register under /ledgers/available in etcd; on failure stop serving and re-raise
+        """Keep the cookie in etcd (``/ledgers/cookies/<address>``; replaced with ``--format``),
+        then register under /ledgers/available; on failure stop serving and re-raise
         (``bookie.registration.RegistrationError``)."""
-        from bookie.registration import BookieRegistration, registration_value
+        from bookie import cookie as cookies
+        from bookie.registration import BookieRegistration, registration_value, write_stored_cookie
+
+        try:
+            local = cookies.read_cookie(self.config.data_dir)
+            if local is not None:
+                await write_stored_cookie(self.config.metadata_store_url, self.advertised_address, local,
+                                          replace=self.format)
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
 
         registration = BookieRegistration(self.config.metadata_store_url, self.advertised_address,
                                           value=registration_value(self.advertised_address,
