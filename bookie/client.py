@@ -295,12 +295,25 @@ class BookKeeper:
         ledger_id = await self.metadata.increment_counter(LEDGER_ID_COUNTER_PATH)
         start = ledger_id % len(healthy)
         ensemble = (healthy[start:] + healthy[:start])[:ensemble_size]
+        ids = await self.instance_ids(ensemble)
+        silent = [b for b in ensemble if b not in ids]
+        if silent:
+            # A bookie that does not even answer GetBookieInfo now is not healthy: choose among
+            # the others when enough are left (its instance id could not be recorded either).
+            for b in silent:
+                self.mark_failed(b)
+            rest = [b for b in healthy if b not in silent]
+            if len(rest) >= ensemble_size:
+                ensemble = (rest[start % len(rest):] + rest[:start % len(rest)])[:ensemble_size]
+                ids = await self.instance_ids(ensemble)
+            log.warning("bookie(s) %s did not answer GetBookieInfo within %.1f s: ensemble of ledger %d is %s",
+                        silent, PROBE_TIMEOUT_S, ledger_id, ensemble)
         md = metadata_pb2.LedgerMetadata(
             ensemble_size=ensemble_size, write_quorum_size=write_quorum, ack_quorum_size=ack_quorum,
             state=LedgerState.OPEN, last_entry_id=-1, length=0, password=os.urandom(16),
             ctime=int(time.time() * 1000))
         md.fragments.add(first_entry_id=0, ensemble=ensemble)
-        md.bookie_instance_ids.update(await self.instance_ids(ensemble))
+        md.bookie_instance_ids.update(ids)
         version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=-1)
         return LedgerHandle(self, ledger_id, md, version, writable=True)
 

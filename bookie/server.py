@@ -6,8 +6,9 @@ server and the storage. Bad input never kills a stream or the server: adds
 get a per-add ``AddStatus``, the other RPCs a specific gRPC status code with a
 message saying what is wrong.
 
-Disk usage (BookKeeper's LedgerDirsMonitor): every ``disk_check_interval_s`` the
-server measures the storage's disk usage; at ``disk_usage_threshold`` or more the
+Disk usage (BookKeeper's LedgerDirsMonitor, :mod:`bookie.disk_monitor`): every
+``disk_check_interval_s`` the server measures the storage's disk usage (and each add
+request checks the filesystem quickly); at ``disk_usage_threshold`` or more the
 bookie turns read-only (normal adds get E_READ_ONLY at once, without being
 queued), below ``disk_usage_lwm_threshold`` it is writable again. A commit that
 fails because the disk is full also turns it read-only (see bookie.storage).
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bookie import storage as st
+from bookie.disk_monitor import DiskMonitor, next_read_only  # noqa: F401 - next_read_only: re-exported
 from proto import bookie_pb2, bookie_pb2_grpc
 from proto.channels import ServerSecurity, add_server_port
 from proto.common import GRPC_MAX_MESSAGE_BYTES
@@ -40,8 +41,6 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 READ_CHUNK_BYTES = 1024 * 1024
-# Seconds between two quick disk checks on the add path (BookieServicer._quick_disk_check).
-QUICK_DISK_CHECK_S = 0.002
 
 
 @dataclass
@@ -125,15 +124,6 @@ class BookieConfig:
         return cls(**data)
 
 
-def next_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
-    """Read-only state after measuring ``usage`` (LedgerDirsMonitor's hysteresis):
-    writable -> read-only at ``usage >= threshold``, read-only -> writable at
-    ``usage < lwm_threshold``; otherwise unchanged."""
-    if read_only:
-        return usage >= lwm_threshold
-    return usage >= threshold
-
-
 class BookieServicer(bookie_pb2_grpc.BookieServicer):
     """grpc.aio servicer of the Bookie service (BookKeeper's BookieRequestProcessor).
 
@@ -148,8 +138,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._config = config
         self._pumps: set[asyncio.Task] = set()
         self._stopping = False
-        self.disk_usage = 0.0   # last measured by BookieServer's disk monitor
-        self._last_quick_check = 0.0
+        self.disk_monitor: DiskMonitor | None = None   # set by BookieServer (usage, quick checks)
 
     def close_streams(self) -> None:
         """Shutdown step: stop reading every AddEntry stream; each one ends (status OK)
@@ -234,8 +223,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         nbytes: payload bytes of the valid adds.
         """
         max_size = self._config.max_entry_size_bytes
-        if not self._storage.read_only:
-            self._quick_disk_check()
+        if not self._storage.read_only and self.disk_monitor is not None:
+            self.disk_monitor.quick_check()
         read_only = self._storage.read_only
         nbytes = 0
         ops = []
@@ -272,27 +261,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 nbytes += len(payload)
         index = [i for i in range(len(adds)) if i not in pre_errors] if pre_errors else None
         return ops, index, pre_errors, nbytes
-
-    def _quick_disk_check(self) -> None:
-        """On the add path, at most every QUICK_DISK_CHECK_S: turn read-only at once when the
-        filesystem reaches disk_usage_threshold (one statvfs). The disk monitor checks only every
-        disk_check_interval_s; a fast writer would fill a small disk before it looks, and the
-        commit would then fail with SQLITE_FULL. Leaving read-only stays the monitor's job."""
-        now = time.monotonic()
-        if now - self._last_quick_check < QUICK_DISK_CHECK_S:
-            return
-        self._last_quick_check = now
-        try:
-            usage = self._storage.quick_usage()
-        except OSError:
-            return
-        threshold = self._config.disk_usage_threshold
-        if usage >= threshold:
-            self.disk_usage = usage
-            self._storage.set_read_only(True, f"filesystem of {self._config.data_dir} is {usage:.1%} full, at or "
-                                              f"over disk_usage_threshold={threshold}; adds are refused until it is "
-                                              f"below disk_usage_lwm_threshold={self._config.disk_usage_lwm_threshold} "
-                                              f"(delete ledgers or add space)")
 
     # ------------------------------------------------------------------ reads
 
@@ -389,7 +357,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         storage = self._storage
         return bookie_pb2.BookieInfo(instance_id=storage.instance_id or "", cookie_address=storage.cookie_address,
                                      read_only=storage.read_only, read_only_reason=storage.read_only_reason,
-                                     disk_usage=self.disk_usage)
+                                     disk_usage=self.disk_monitor.usage if self.disk_monitor else 0.0)
 
 
 class _Window:
@@ -492,6 +460,7 @@ class BookieServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: BookieServicer | None = None
         self._monitor: asyncio.Task | None = None
+        self.disk_monitor: DiskMonitor | None = None   # bookie.disk_monitor (LedgerDirsMonitor), from start()
         self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
         self._registration_moves: set[asyncio.Task] = set()   # read-only <-> writable re-registrations
         # proto.channels.ServerSecurity of the bookie's port (None: plaintext, no authentication)
@@ -524,6 +493,7 @@ class BookieServer:
             interceptors.insert(0, AuthenticationInterceptor(AuthenticationService.from_config(self.config)))
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._servicer = BookieServicer(self.storage, self.config)
+        self._servicer.disk_monitor = self.disk_monitor = DiskMonitor(self.storage, self.config)
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
         target = f"{self.config.host}:{self.config.port}"
         try:
@@ -543,14 +513,14 @@ class BookieServer:
             await server.stop(None)
             raise
         try:
-            await self._check_disk()
+            await self.disk_monitor.check()
             await server.start()
         except BaseException:
             await server.stop(None)
             await self.storage.close()
             raise
         self._server = server
-        self._monitor = asyncio.create_task(self._monitor_disk())
+        self._monitor = asyncio.create_task(self.disk_monitor.run())
         if self.config.metadata_store_url:
             await self._register()
         log.info("bookie listening on %s (instance %s, data_dir=%s, journal_sync=%s%s)",
@@ -607,32 +577,6 @@ class BookieServer:
             task = asyncio.get_running_loop().create_task(registration.set_read_only(read_only))
             self._registration_moves.add(task)
             task.add_done_callback(self._registration_moves.discard)
-
-    async def _check_disk(self) -> None:
-        """Measure the disk usage once and update the read-only state."""
-        cfg = self.config
-        usage, what = await self.storage.disk_usage()
-        self._servicer.disk_usage = usage
-        ro = self.storage.read_only
-        new_ro = next_read_only(ro, usage, cfg.disk_usage_threshold, cfg.disk_usage_lwm_threshold)
-        if new_ro and not ro:
-            self.storage.set_read_only(True, f"{what}, at or over disk_usage_threshold={cfg.disk_usage_threshold}; "
-                                             f"adds are refused until it is below "
-                                             f"disk_usage_lwm_threshold={cfg.disk_usage_lwm_threshold} "
-                                             f"(delete ledgers or add space)")
-        elif ro and not new_ro:
-            self.storage.set_read_only(False, f"{what}, below disk_usage_lwm_threshold={cfg.disk_usage_lwm_threshold}")
-
-    async def _monitor_disk(self) -> None:
-        """BookKeeper's LedgerDirsMonitor: check the disk usage every disk_check_interval_s."""
-        while True:
-            await asyncio.sleep(self.config.disk_check_interval_s)
-            try:
-                await self._check_disk()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a failing check must not stop the monitor
-                log.warning("disk usage check of %s failed: %r", self.config.data_dir, exc)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Unregister from etcd (when registered: brokers stop choosing this bookie), stop the

@@ -840,6 +840,21 @@ def test_durability_model_replay_full_disk_and_wiped_bookie(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_durability_model_replay_wiped_bookie_cursor_ledger(tmp_path):
+    """A sequence the model found: bookie 0 wiped (--format), bookie 1 killed, the topic
+    unloaded: the subscription's cursor ledger was on bookies 0 and 1, and the wiped bookie's
+    "no such ledger" made the cursor recovery fall back to the metadata store's older
+    mark-delete position (2 acknowledged messages delivered again). A "no such entry" from a
+    bookie that is not the instance recorded in the ledger metadata no longer counts."""
+    DurabilityModel.base_dir = tmp_path
+    DurabilityModel.results = []
+    try:
+        replay_steps((Path(__file__).parent / "model_replays" / "wiped_bookie_cursor_ledger.txt").read_text())
+    finally:
+        print(_totals(DurabilityModel.results), flush=True)
+
+
+@pytest.mark.timeout(300)
 def test_durability_model_replay_consumer_changes_during_bookie_pauses(tmp_path):
     """A sequence the long run found (40 steps: clean broker restarts, bookie pauses, consumers
     reopened while a read from a paused bookie was in flight). Before the fixes a consumer whose
