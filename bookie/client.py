@@ -145,6 +145,7 @@ class BookKeeper:
         # ensemble or as a spare until a probe finds them writable (BookKeeper's placement
         # uses only writable bookies; read-only ones register under /ledgers/available/readonly).
         self.read_only_bookies: set[str] = set()
+        self._read_only_probed_at = 0.0   # time.monotonic() of the last probe of quarantined bookies
         self._closed = False
         # Digest mismatches read, per bookie address (DigestManager): corrupt replicas seen.
         self.corrupt_replicas: collections.Counter = collections.Counter()
@@ -202,6 +203,7 @@ class BookKeeper:
         names = sorted(names)
         if names != self.bookies:
             added = sorted(set(names) - set(self.bookies))
+            self.read_only_bookies.difference_update(added)   # registered writable again
             removed = sorted(set(self.bookies) - set(names))
             log.info("available bookies: %s (added %s, removed %s)", names, added or "none", removed or "none")
             self.bookies = names
@@ -242,6 +244,7 @@ class BookKeeper:
                 return False
 
         results = await asyncio.gather(*(probe(b) for b in quarantined))
+        self._read_only_probed_at = time.monotonic()
         revived = 0
         for address, read_only in zip(quarantined, results):
             if read_only is None:
@@ -282,6 +285,8 @@ class BookKeeper:
             raise ValueError(f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
                              f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
         await self.refresh_bookies()
+        if self.read_only_bookies and time.monotonic() - self._read_only_probed_at >= self.quarantine_s:
+            await self.revive_quarantined()   # a read-only bookie may be writable again: ask
         healthy = [b for b in self.bookies if not self.is_failed(b)]
         if len(healthy) < ensemble_size and await self.revive_quarantined():
             healthy = [b for b in self.bookies if not self.is_failed(b)]

@@ -10,7 +10,11 @@ Follows Pulsar's ``ManagedLedgerImpl``:
   size >= managed_ledger_max_size_per_ledger_mb, once at least
   managed_ledger_min_ledger_rollover_time_minutes passed; or older than
   managed_ledger_max_ledger_rollover_time_minutes) the ledger is closed and a new
-  one created (rollover). Adds issued meanwhile queue and keep their order.
+  one created (rollover) as soon as the add that filled it completes. Adds issued
+  meanwhile queue and keep their order.
+* Ledger creation that fails backs off (CREATE_LEDGER_RETRY_*), across rollovers;
+  when the bookies are read-only (disk full) the waiting adds fail with
+  NotEnoughBookies, and so do new adds until a ledger can be created again.
 * A write error is invisible to producers (``ManagedLedgerImpl.ledgerClosed``,
   ``OpAddEntry.handleAddFailure``): the failed ledger is closed at the writer's
   LastAddConfirmed, and every add not confirmed on it is resubmitted, in order,
