@@ -63,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host name or IP to register (default: --host)")
     parser.add_argument("--format", action="store_true", default=False,
                         help="DELETE every ledger in the data dir and start as a new bookie instance "
-                             "(new cookie), like BookKeeper's bookieformat; for a bookie whose data was lost "
-                             "or is no longer needed")
+                             "(new cookie, also replacing the one kept in the metadata store under "
+                             "/ledgers/cookies/<address>), like BookKeeper's bookieformat; for a bookie whose "
+                             "data was lost or is no longer needed")
     parser.add_argument("--create-cookie", action="store_true", default=False,
                         help="adopt a ledger database that has no cookie (a data dir from a minipulsar "
                              "version before cookies): write a cookie for it")

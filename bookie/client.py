@@ -93,6 +93,8 @@ log = logging.getLogger(__name__)
 
 # Where bookies register (BookKeeper's /ledgers/available/<host:port>; bookie.registration).
 AVAILABLE_BOOKIES_PATH = "/ledgers/available"
+# Where read-only bookies register instead (BookKeeper's /ledgers/available/readonly/<host:port>).
+READONLY_BOOKIES_PATH = AVAILABLE_BOOKIES_PATH + "/readonly"
 
 
 def _is_bookie_address(name: str) -> bool:
@@ -139,6 +141,11 @@ class BookKeeper:
         self.security = security  # proto.channels.ChannelSecurity of every bookie connection (None: plaintext)
         self._connections: dict[str, BookieConnection] = {}
         self._failed_at: dict[str, float] = {}
+        # Bookies that answered a probe as read-only (disk full): never chosen for a new
+        # ensemble or as a spare until a probe finds them writable (BookKeeper's placement
+        # uses only writable bookies; read-only ones register under /ledgers/available/readonly).
+        self.read_only_bookies: set[str] = set()
+        self._read_only_probed_at = 0.0   # time.monotonic() of the last probe of quarantined bookies
         self._closed = False
         # Digest mismatches read, per bookie address (DigestManager): corrupt replicas seen.
         self.corrupt_replicas: collections.Counter = collections.Counter()
@@ -161,7 +168,9 @@ class BookKeeper:
 
     def is_failed(self, address: str) -> bool:
         """True while ``address`` is quarantined (marked failed less than
-        ``failed_bookie_quarantine_s`` seconds ago)."""
+        ``failed_bookie_quarantine_s`` seconds ago) or was last seen read-only."""
+        if address in self.read_only_bookies:
+            return True
         t = self._failed_at.get(address)
         return t is not None and time.monotonic() - t < self.quarantine_s
 
@@ -194,6 +203,7 @@ class BookKeeper:
         names = sorted(names)
         if names != self.bookies:
             added = sorted(set(names) - set(self.bookies))
+            self.read_only_bookies.difference_update(added)   # registered writable again
             removed = sorted(set(self.bookies) - set(names))
             log.info("available bookies: %s (added %s, removed %s)", names, added or "none", removed or "none")
             self.bookies = names
@@ -204,11 +214,13 @@ class BookKeeper:
         return random.choice(candidates) if candidates else None
 
     async def revive_quarantined(self, exclude=()) -> int:
-        """Probe the quarantined bookies not in ``exclude`` (one ReadLastAddConfirmed each,
-        PROBE_TIMEOUT_S); those that answer leave quarantine. Returns how many did, plus
-        (without a static list) how many healthy bookies not in ``exclude`` registered
-        since the last read. Used when too few healthy bookies are left for an ensemble
-        or a spare, as BookKeeper's placement falls back to quarantined bookies then."""
+        """Probe the quarantined and read-only bookies not in ``exclude`` (one GetBookieInfo
+        each, PROBE_TIMEOUT_S); those that answer as *writable* leave quarantine, those that
+        answer read-only (disk full) stay out of the ensemble choices (``read_only_bookies``:
+        a read-only bookie serves reads, so answering alone proves nothing). Returns how many
+        came back, plus (without a static list) how many healthy bookies not in ``exclude``
+        registered since the last read. Used when too few healthy bookies are left for an
+        ensemble or a spare, as BookKeeper's placement falls back to quarantined bookies then."""
         discovered = 0
         if not self.static_bookies:
             before = set(self.bookies)
@@ -218,25 +230,49 @@ class BookKeeper:
         if not quarantined:
             return discovered
 
-        async def alive(address: str) -> bool:
-            """False when the probe got UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED; any other
-            answer (NOT_FOUND for ledger 0 included) shows the bookie serves."""
+        async def probe(address: str) -> Optional[bool]:
+            """None when the probe got UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED, else whether
+            the bookie is read-only (an older bookie without GetBookieInfo: False)."""
             try:
-                await self.connection(address).stub.ReadLastAddConfirmed(
-                    pb.LedgerRequest(ledger_id=0), timeout=PROBE_TIMEOUT_S, wait_for_ready=True)
-                return True
+                info = await self.connection(address).stub.GetBookieInfo(
+                    pb.BookieInfoRequest(), timeout=PROBE_TIMEOUT_S, wait_for_ready=True)
+                return bool(info.read_only)
             except grpc.aio.AioRpcError as exc:
-                return exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                          grpc.StatusCode.CANCELLED)
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  grpc.StatusCode.CANCELLED):
+                    return None
+                return False
 
-        results = await asyncio.gather(*(alive(b) for b in quarantined))
+        results = await asyncio.gather(*(probe(b) for b in quarantined))
+        self._read_only_probed_at = time.monotonic()
         revived = 0
-        for address, ok in zip(quarantined, results):
-            if ok:
-                self._failed_at.pop(address, None)
-                revived += 1
-                log.info("bookie %s answers again: back in the ensemble choices", address)
+        for address, read_only in zip(quarantined, results):
+            if read_only is None:
+                continue
+            if read_only:
+                if address not in self.read_only_bookies:
+                    log.warning("bookie %s is read-only (disk full): not chosen for new ensembles", address)
+                self.read_only_bookies.add(address)
+                continue
+            self._failed_at.pop(address, None)
+            if address in self.read_only_bookies:
+                self.read_only_bookies.discard(address)
+                log.info("bookie %s is writable again", address)
+            revived += 1
+            log.info("bookie %s answers again: back in the ensemble choices", address)
         return revived + discovered
+
+    async def _read_only_registered(self) -> list[str]:
+        """Bookies registered read-only under ``/ledgers/available/readonly`` (none with a static
+        list; [] when the store cannot be read), plus those a probe found read-only."""
+        names: list[str] = []
+        if not self.static_bookies:
+            try:
+                names = [n for n in await self.metadata.get_children(READONLY_BOOKIES_PATH)
+                         if _is_bookie_address(n)]
+            except Exception:  # noqa: BLE001 - only for the error message
+                names = []
+        return sorted(set(names) | self.read_only_bookies)
 
     async def create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` healthy bookies; returns the writer's handle.
@@ -249,24 +285,72 @@ class BookKeeper:
             raise ValueError(f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
                              f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
         await self.refresh_bookies()
+        if self.read_only_bookies and time.monotonic() - self._read_only_probed_at >= self.quarantine_s:
+            await self.revive_quarantined()   # a read-only bookie may be writable again: ask
         healthy = [b for b in self.bookies if not self.is_failed(b)]
         if len(healthy) < ensemble_size and await self.revive_quarantined():
             healthy = [b for b in self.bookies if not self.is_failed(b)]
         if len(healthy) < ensemble_size:
             where = "" if self.static_bookies else f" registered under {AVAILABLE_BOOKIES_PATH}"
+            read_only = await self._read_only_registered()
+            ro = f"; read-only (disk full): {read_only}" if read_only else ""
             raise NotEnoughBookiesError(
-                f"need {ensemble_size} bookies for a new ledger, {len(healthy)} healthy of "
-                f"{len(self.bookies)}{where}")
+                f"NotEnoughBookies: need {ensemble_size} writable bookies for a new ledger, {len(healthy)} "
+                f"healthy of {len(self.bookies)}{where}{ro}", read_only_bookies=read_only)
         ledger_id = await self.metadata.increment_counter(LEDGER_ID_COUNTER_PATH)
         start = ledger_id % len(healthy)
         ensemble = (healthy[start:] + healthy[:start])[:ensemble_size]
+        ids = await self.instance_ids(ensemble)
+        silent = [b for b in ensemble if b not in ids]
+        if silent:
+            # A bookie that does not even answer GetBookieInfo now is not healthy: choose among
+            # the others when enough are left (its instance id could not be recorded either).
+            for b in silent:
+                self.mark_failed(b)
+            rest = [b for b in healthy if b not in silent]
+            if len(rest) >= ensemble_size:
+                ensemble = (rest[start % len(rest):] + rest[:start % len(rest)])[:ensemble_size]
+                ids = await self.instance_ids(ensemble)
+            log.warning("bookie(s) %s did not answer GetBookieInfo within %.1f s: ensemble of ledger %d is %s",
+                        silent, PROBE_TIMEOUT_S, ledger_id, ensemble)
         md = metadata_pb2.LedgerMetadata(
             ensemble_size=ensemble_size, write_quorum_size=write_quorum, ack_quorum_size=ack_quorum,
             state=LedgerState.OPEN, last_entry_id=-1, length=0, password=os.urandom(16),
             ctime=int(time.time() * 1000))
         md.fragments.add(first_entry_id=0, ensemble=ensemble)
+        md.bookie_instance_ids.update(ids)
         version = await self.metadata.put(ledger_path(ledger_id), md.SerializeToString(), expected_version=-1)
         return LedgerHandle(self, ledger_id, md, version, writable=True)
+
+    async def instance_ids(self, addresses) -> dict[str, str]:
+        """The cookie instance id of each bookie of ``addresses`` (``host:port``) as its last
+        answer on this client carried it, asked with GetBookieInfo (PROBE_TIMEOUT_S) when none
+        did yet. A bookie that does not answer is left out. Recorded in the ledger metadata
+        (``bookie_instance_ids``) so that ledger recovery can tell a bookie that took the
+        adds from one wiped and re-initialized under its address (BookKeeper: the bookie's
+        Cookie, instanceId). Never raises."""
+        out: dict[str, str] = {}
+        missing = []
+        for address in addresses:
+            known = self.connection(address).last_instance_id
+            if known:
+                out[address] = known
+            else:
+                missing.append(address)
+
+        async def ask(address: str) -> None:
+            try:
+                info = await self.connection(address).stub.GetBookieInfo(pb.BookieInfoRequest(),
+                                                                          timeout=PROBE_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                return
+            if info.instance_id:
+                self.connection(address)._note_instance(info.instance_id)
+                out[address] = info.instance_id
+
+        if missing:
+            await asyncio.gather(*(ask(a) for a in missing))
+        return out
 
     async def get_metadata(self, ledger_id: int) -> tuple[metadata_pb2.LedgerMetadata, int]:
         """The ledger's metadata and its version; NoSuchLedgerError when absent."""

@@ -106,6 +106,7 @@ class BookieConnection:
         # no longer trusted to say "no such entry" (a different instance answered since).
         self.instance_id: Optional[str] = None
         self.instance_changed: Optional[str] = None
+        self.last_instance_id: Optional[str] = None   # the latest one an answer carried
         self.rpc_timeout_s = rpc_timeout_s
         self.add_entry_timeout_s = add_entry_timeout_s
         self._channel = open_channel(address, GRPC_CHANNEL_OPTIONS, security)
@@ -287,6 +288,7 @@ class BookieConnection:
         address was wiped and re-initialized (its old entries are gone)."""
         if not instance_id:
             return
+        self.last_instance_id = instance_id
         if self.instance_id is None:
             self.instance_id = instance_id
         elif instance_id != self.instance_id and self.instance_changed is None:

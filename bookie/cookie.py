@@ -8,8 +8,12 @@ disk was wiped or replaced would otherwise rejoin silently and answer "no such
 entry" for entries it acknowledged, and ledger recovery would then close
 ledgers short, deleting acknowledged data.
 
-minipulsar's bookies have no metadata-store connection, so this is the local
-half, made stronger by a second copy of the id *inside* the ledger database:
+The local half, made stronger by a second copy of the id *inside* the ledger
+database, is below. The metadata-store half (BookKeeper's cookie under
+``/ledgers/cookies/<bookie-id>``) applies to a bookie with ``metadata_store_url``:
+it writes its cookie there at registration (:mod:`bookie.registration`), and at the
+next start :func:`check_stored_cookie` refuses a data dir without a cookie (wiped)
+or with another instance's while the store has one; ``--format`` replaces it.
 
 * ``<data_dir>/COOKIE`` (JSON: layout version, ``instance_id`` = random 128-bit
   hex, ``bookie_address`` host:port at the first start, ``created_ms``), written
@@ -36,11 +40,14 @@ Its old entries are gone for good, so do it only for a bookie whose ledgers are
 replicated elsewhere or no longer needed. ``--create-cookie`` adopts an existing
 database that has no cookie (a data dir from a minipulsar version before cookies).
 
-What stays uncovered without a metadata store: a data dir wiped *entirely*
+Without a metadata store (or after ``--format``), a data dir wiped *entirely*
 (cookie and database) looks like a new bookie. Against that, the bookie reports
-its instance id (``GetBookieInfo``, ``ReadLastAddConfirmed``, ``Fence``), and the
-bookie client distrusts "no such entry" answers from an address whose instance
-id changed while it knew it (see :class:`bookie.connection.BookieConnection`).
+its instance id (``GetBookieInfo``, ``ReadLastAddConfirmed``, ``Fence``), ledger
+metadata records the instance id of every bookie of its ensembles
+(``bookie_instance_ids``), and ledger recovery does not count "no such entry" (nor
+a fence) from a bookie that is another instance now (:mod:`bookie.ledger_recovery`);
+the bookie client also distrusts "no such entry" answers from an address whose
+instance id changed while it knew it (see :class:`bookie.connection.BookieConnection`).
 """
 
 from __future__ import annotations
@@ -69,6 +76,57 @@ _INSTANCE_TABLE = """CREATE TABLE IF NOT EXISTS bookie_instance (
 
 _HOW_TO_FORMAT = ("To re-initialize this bookie on purpose (every ledger on it is deleted; do it only when its "
                   "ledgers are replicated on other bookies or no longer needed), start it once with --format.")
+
+
+# Where the metadata store keeps each bookie's cookie (BookKeeper's /ledgers/cookies/<bookie-id>).
+COOKIES_PATH = "/ledgers/cookies"
+
+
+def stored_cookie_path(bookie_id: str) -> str:
+    """Metadata-store path of the cookie of bookie ``bookie_id`` (its advertised ``host:port``)."""
+    return f"{COOKIES_PATH}/{bookie_id}"
+
+
+def cookie_from_json(raw: bytes) -> "Cookie":
+    """Parse a cookie's JSON (the ``COOKIE`` file, or the value stored in the metadata store).
+    Raises ValueError when it is not one."""
+    try:
+        data = json.loads(raw)
+        instance_id = data["instance_id"]
+        if not isinstance(instance_id, str) or not instance_id:
+            raise ValueError("empty instance_id")
+        return Cookie(instance_id, str(data.get("bookie_address", "")), int(data.get("created_ms", 0)))
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a cookie: {exc!r}") from None
+
+
+def check_stored_cookie(data_dir: str, local: "Cookie | None", stored: "Cookie | None", bookie_id: str,
+                        format: bool) -> None:
+    """BookKeeper's cookie check against the metadata store (``Cookie.readFromRegistrationManager``
+    in ``LegacyCookieValidation``), before the data dir is opened. ``local``: the data dir's
+    cookie (None: none); ``stored``: the one under ``/ledgers/cookies/<bookie_id>`` (None:
+    none); ``format``: the operator re-initializes the bookie (``--format``), which replaces
+    the stored cookie. Raises InvalidCookieError when the bookie must not start:
+
+    * the store has a cookie and the data dir none: the data dir was wiped or replaced, so the
+      entries this bookie acknowledged are gone; starting as a new bookie under the same
+      address would let ledger recovery take its "no such entry" for the truth;
+    * both exist with different instance ids: the data dir belongs to another bookie."""
+    if stored is None or format:
+        return
+    how = (f"If that is intended (its ledgers are replicated elsewhere or not needed), start it once with "
+           f"--format (a new, empty bookie; the stored cookie is replaced), or decommission it first by deleting "
+           f"{stored_cookie_path(bookie_id)} from the metadata store (etcdctl del {stored_cookie_path(bookie_id)}).")
+    if local is None:
+        raise InvalidCookieError(
+            f"bookie {bookie_id} is registered in the metadata store (cookie {stored_cookie_path(bookie_id)}: "
+            f"instance {stored.instance_id}), but its data dir {data_dir} has no cookie: the data dir was wiped or "
+            f"replaced, so the entries this bookie acknowledged are gone. Restore the data dir. {how}")
+    if local.instance_id != stored.instance_id:
+        raise InvalidCookieError(
+            f"cookie mismatch for bookie {bookie_id}: data dir {data_dir} is instance {local.instance_id}, the "
+            f"metadata store's cookie {stored_cookie_path(bookie_id)} is instance {stored.instance_id}: this data "
+            f"dir is not the one the bookie at this address acknowledged entries from. {how}")
 
 
 class InvalidCookieError(Exception):

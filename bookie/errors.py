@@ -14,7 +14,15 @@ class LedgerFencedError(BKException):
 class NotEnoughBookiesError(BKException):
     """Fewer healthy bookies than the ensemble / quorum needs, and no spare
     bookie to replace a failed one (BKNotEnoughBookiesException). Start more
-    bookies or lower the ensemble/quorum sizes."""
+    bookies or lower the ensemble/quorum sizes.
+
+    ``read_only_bookies``: addresses of bookies that answer but are read-only
+    (disk full, BookKeeper's read-only bookie): a condition that lasts until an
+    operator frees space, unlike an unreachable bookie that may just be restarting."""
+
+    def __init__(self, message: str = "", read_only_bookies=()):
+        super().__init__(message)
+        self.read_only_bookies = sorted(read_only_bookies)
 
 
 class BookieUnavailableError(BKException):

@@ -365,6 +365,8 @@ class LedgerHandle:
                         md.fragments[-1].ensemble.extend(new_ensemble)
                     else:
                         md.fragments.add(first_entry_id=first, ensemble=new_ensemble)
+                    md.bookie_instance_ids.update(await self.bk.instance_ids([new_ensemble[ensemble.index(b)]
+                                                                              for b in replace]))
                     try:
                         version = await self.bk.metadata.put(ledger_path(self.ledger_id), md.SerializeToString(),
                                                              expected_version=self._version)
@@ -541,6 +543,10 @@ class LedgerHandle:
             try:
                 return await self.bk.connection(address).read_entries(self.ledger_id, first, last)
             except (NoSuchEntryError, NoSuchLedgerError) as exc:
+                other = await self._other_instance(address)
+                if other:   # wiped and re-initialized: it cannot vouch for what it lost
+                    errors.append(f"{exc} (not counted: {other})")
+                    continue
                 negatives += 1
                 errors.append(str(exc))
             except BKException as exc:
@@ -553,6 +559,26 @@ class LedgerHandle:
         raise BookieUnavailableError(
             f"ledger {self.ledger_id}: entries {first}..{last} not readable ({negatives} bookies answered "
             f"'no such entry'): {'; '.join(errors)}")
+
+
+    async def _other_instance(self, address: str) -> Optional[str]:
+        """Why ``address`` is not the bookie instance the ledger metadata recorded for it
+        (``bookie_instance_ids``: wiped and re-initialized), or None when it is, or when
+        nothing was recorded. Asks its instance id now (GetBookieInfo: a "no such entry" is
+        rare, and an id seen earlier may be from before the wipe); a bookie that cannot tell
+        is treated as another instance."""
+        recorded = self.metadata.bookie_instance_ids.get(address)
+        if not recorded:
+            return None
+        conn = self.bk.connection(address)
+        try:
+            await conn.get_bookie_info()
+        except BKException as exc:
+            return f"its instance id is unknown ({exc})"
+        if conn.last_instance_id != recorded:
+            return (f"bookie {address} is instance {conn.last_instance_id}, not instance {recorded} that took the "
+                    f"adds of ledger {self.ledger_id}")
+        return None
 
 
 def _first_error_or(results: list):

@@ -46,6 +46,7 @@ class LedgerRecoveryOp:
     def __init__(self, bk: "BookKeeper"):
         self.bk = bk
         self.metadata = bk.metadata
+        self.distrusted: dict[str, str] = {}   # address -> why its answers do not count (other instance)
 
     def connection(self, address: str):
         """The client's shared ``BookieConnection`` to ``address`` (``host:port``)."""
@@ -85,11 +86,18 @@ class LedgerRecoveryOp:
         results = await asyncio.gather(*(self.connection(b).fence(ledger_id, md.password) for b in ensemble),
                                        return_exceptions=True)
         answered = {b: r for b, r in zip(ensemble, results) if not isinstance(r, BaseException)}
+        # A bookie that is another instance than the one that took the adds (wiped and
+        # re-initialized under the same address) cannot vouch for anything it no longer has:
+        # its fence answer and its "no such entry" do not count (BookKeeper: cookies).
+        self.distrusted = self._other_instances(ledger_id, md, answered)
+        for b in self.distrusted:
+            answered.pop(b)
         for b, r in zip(ensemble, results):
             if isinstance(r, BookieUnavailableError):
                 self.mark_failed(b)  # fast-path reads try it last
         if not _has_quorum_coverage(ensemble, md.write_quorum_size, md.ack_quorum_size, answered):
             errors = [f"{b}: {r}" for b, r in zip(ensemble, results) if isinstance(r, BaseException)]
+            errors += [f"{b}: {why}" for b, why in self.distrusted.items()]
             raise BookieUnavailableError(
                 f"ledger {ledger_id}: recovery needs {md.write_quorum_size - md.ack_quorum_size + 1} bookies of "
                 f"every write set of {ensemble} to fence, only {sorted(answered)} answered: {errors}")
@@ -153,6 +161,19 @@ class LedgerRecoveryOp:
                  if list(write_md.fragments[-1].ensemble) != ensemble else "")
         return handle
 
+    @staticmethod
+    def _other_instances(ledger_id: int, md, answered: dict) -> dict[str, str]:
+        """{address: why} of the fenced bookies whose answer carries another instance id than
+        the one recorded in the ledger metadata when they joined its ensemble."""
+        out = {}
+        for b, r in answered.items():
+            recorded = md.bookie_instance_ids.get(b)
+            if recorded and r.instance_id and r.instance_id != recorded:
+                out[b] = (f"bookie {b} is instance {r.instance_id}, not instance {recorded} that took the adds "
+                          f"of ledger {ledger_id}: its data dir was wiped and re-initialized")
+                log.error("ledger %d recovery: %s; its answers do not count", ledger_id, out[b])
+        return out
+
     async def _recovery_read_window(self, handle: LedgerHandle, first: int,
                                     last: int) -> tuple[list[bytes], bool]:
         """Recovery reads of entries first..last, concurrently. Returns (payloads of the
@@ -189,7 +210,9 @@ class LedgerRecoveryOp:
                     exc = t.exception()
                     if exc is None:
                         return t.result()[0]
-                    if isinstance(exc, (NoSuchEntryError, NoSuchLedgerError)):
+                    if isinstance(exc, (NoSuchEntryError, NoSuchLedgerError)) and address in self.distrusted:
+                        errors.append(f"{address}: {exc} (not counted: {self.distrusted[address]})")
+                    elif isinstance(exc, (NoSuchEntryError, NoSuchLedgerError)):
                         negatives += 1
                         if negatives >= need:
                             return None
@@ -254,6 +277,9 @@ class LedgerRecoveryOp:
                     f"{ensemble}, known bookies {self.bk.bookies}); the ledger stays in recovery until one is")
             new_ensemble[new_ensemble.index(b)] = spare
             exclude.add(spare)
+            known = self.connection(spare).last_instance_id
+            if known:
+                write_md.bookie_instance_ids[spare] = known
         if write_md.fragments[-1].first_entry_id >= first_entry:
             del write_md.fragments[-1].ensemble[:]
             write_md.fragments[-1].ensemble.extend(new_ensemble)

@@ -6,8 +6,9 @@ server and the storage. Bad input never kills a stream or the server: adds
 get a per-add ``AddStatus``, the other RPCs a specific gRPC status code with a
 message saying what is wrong.
 
-Disk usage (BookKeeper's LedgerDirsMonitor): every ``disk_check_interval_s`` the
-server measures the storage's disk usage; at ``disk_usage_threshold`` or more the
+Disk usage (BookKeeper's LedgerDirsMonitor, :mod:`bookie.disk_monitor`): every
+``disk_check_interval_s`` the server measures the storage's disk usage (and each add
+request checks the filesystem quickly); at ``disk_usage_threshold`` or more the
 bookie turns read-only (normal adds get E_READ_ONLY at once, without being
 queued), below ``disk_usage_lwm_threshold`` it is writable again. A commit that
 fails because the disk is full also turns it read-only (see bookie.storage).
@@ -26,6 +27,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bookie import storage as st
+from bookie.disk_monitor import DiskMonitor, next_read_only  # noqa: F401 - next_read_only: re-exported
 from proto import bookie_pb2, bookie_pb2_grpc
 from proto.channels import ServerSecurity, add_server_port
 from proto.common import GRPC_MAX_MESSAGE_BYTES
@@ -122,15 +124,6 @@ class BookieConfig:
         return cls(**data)
 
 
-def next_read_only(read_only: bool, usage: float, threshold: float, lwm_threshold: float) -> bool:
-    """Read-only state after measuring ``usage`` (LedgerDirsMonitor's hysteresis):
-    writable -> read-only at ``usage >= threshold``, read-only -> writable at
-    ``usage < lwm_threshold``; otherwise unchanged."""
-    if read_only:
-        return usage >= lwm_threshold
-    return usage >= threshold
-
-
 class BookieServicer(bookie_pb2_grpc.BookieServicer):
     """grpc.aio servicer of the Bookie service (BookKeeper's BookieRequestProcessor).
 
@@ -145,7 +138,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._config = config
         self._pumps: set[asyncio.Task] = set()
         self._stopping = False
-        self.disk_usage = 0.0   # last measured by BookieServer's disk monitor
+        self.disk_monitor: DiskMonitor | None = None   # set by BookieServer (usage, quick checks)
 
     def close_streams(self) -> None:
         """Shutdown step: stop reading every AddEntry stream; each one ends (status OK)
@@ -230,6 +223,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         nbytes: payload bytes of the valid adds.
         """
         max_size = self._config.max_entry_size_bytes
+        if not self._storage.read_only and self.disk_monitor is not None:
+            self.disk_monitor.quick_check()
         read_only = self._storage.read_only
         nbytes = 0
         ops = []
@@ -362,7 +357,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         storage = self._storage
         return bookie_pb2.BookieInfo(instance_id=storage.instance_id or "", cookie_address=storage.cookie_address,
                                      read_only=storage.read_only, read_only_reason=storage.read_only_reason,
-                                     disk_usage=self.disk_usage)
+                                     disk_usage=self.disk_monitor.usage if self.disk_monitor else 0.0)
 
 
 class _Window:
@@ -442,9 +437,12 @@ class BookieServer:
     ``await stop(grace_s)`` stops accepting RPCs, ends the AddEntry streams once
     the adds already read are answered, lets other RPCs finish for up to
     ``grace_s`` seconds, then commits what is queued and closes the database.
-    With ``config.metadata_store_url`` set, ``start()`` finally registers the bookie under
-    ``/ledgers/available/<advertised_address>`` in etcd and ``stop()`` first unregisters it
-    (:mod:`bookie.registration`).
+    With ``config.metadata_store_url`` set, ``start()`` first checks the data dir's cookie
+    against the one etcd keeps for this address (``/ledgers/cookies/<advertised_address>``:
+    a wiped data dir is refused, ``--format`` replaces it), finally keeps the cookie there
+    and registers the bookie under ``/ledgers/available/<advertised_address>``
+    (``/ledgers/available/readonly/...`` while read-only), and ``stop()`` first unregisters
+    it (:mod:`bookie.registration`).
     Raises ``RuntimeError`` if the port cannot be bound,
     :class:`bookie.cookie.InvalidCookieError` / :class:`bookie.storage.DataDirInUse`
     if the data dir is not this bookie's and
@@ -462,7 +460,9 @@ class BookieServer:
         self._server: grpc.aio.Server | None = None
         self._servicer: BookieServicer | None = None
         self._monitor: asyncio.Task | None = None
+        self.disk_monitor: DiskMonitor | None = None   # bookie.disk_monitor (LedgerDirsMonitor), from start()
         self.registration = None  # bookie.registration.BookieRegistration when metadata_store_url is set
+        self._registration_moves: set[asyncio.Task] = set()   # read-only <-> writable re-registrations
         # proto.channels.ServerSecurity of the bookie's port (None: plaintext, no authentication)
         self.security: ServerSecurity | None = None
         if config.tls_enabled:
@@ -493,6 +493,7 @@ class BookieServer:
             interceptors.insert(0, AuthenticationInterceptor(AuthenticationService.from_config(self.config)))
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._servicer = BookieServicer(self.storage, self.config)
+        self._servicer.disk_monitor = self.disk_monitor = DiskMonitor(self.storage, self.config)
         bookie_pb2_grpc.add_BookieServicer_to_server(self._servicer, server)
         target = f"{self.config.host}:{self.config.port}"
         try:
@@ -505,65 +506,77 @@ class BookieServer:
             raise RuntimeError(f"cannot bind bookie to {target}: {exc}{who}") from exc
         self.port = port
         try:
+            if self.config.metadata_store_url:
+                await self._check_stored_cookie()
             await self.storage.open(self.address, format=self.format, create_cookie=self.create_cookie)
         except BaseException:
             await server.stop(None)
             raise
         try:
-            await self._check_disk()
+            await self.disk_monitor.check()
             await server.start()
         except BaseException:
             await server.stop(None)
             await self.storage.close()
             raise
         self._server = server
-        self._monitor = asyncio.create_task(self._monitor_disk())
+        self._monitor = asyncio.create_task(self.disk_monitor.run())
         if self.config.metadata_store_url:
             await self._register()
         log.info("bookie listening on %s (instance %s, data_dir=%s, journal_sync=%s%s)",
                  self.address, self.storage.instance_id, self.config.data_dir, self.config.journal_sync,
                  ", READ-ONLY" if self.storage.read_only else "")
 
+    async def _check_stored_cookie(self) -> None:
+        """Before the data dir is opened: the cookie the metadata store keeps for this bookie
+        (``/ledgers/cookies/<advertised address>``) against the data dir's
+        (:func:`bookie.cookie.check_stored_cookie`). Raises InvalidCookieError (a wiped or
+        swapped data dir) or RegistrationError (etcd unreachable)."""
+        from bookie import cookie as cookies
+        from bookie.registration import read_stored_cookie
+
+        stored = await read_stored_cookie(self.config.metadata_store_url, self.advertised_address)
+        local = cookies.read_cookie(self.config.data_dir)
+        cookies.check_stored_cookie(self.config.data_dir, local, stored, self.advertised_address, self.format)
+
     async def _register(self) -> None:
-        """Register under /ledgers/available in etcd; on failure stop serving and re-raise
+        """Keep the cookie in etcd (``/ledgers/cookies/<address>``; replaced with ``--format``),
+        then register under /ledgers/available; on failure stop serving and re-raise
         (``bookie.registration.RegistrationError``)."""
-        from bookie.registration import BookieRegistration, registration_value
+        from bookie import cookie as cookies
+        from bookie.registration import BookieRegistration, registration_value, write_stored_cookie
+
+        try:
+            local = cookies.read_cookie(self.config.data_dir)
+            if local is not None:
+                await write_stored_cookie(self.config.metadata_store_url, self.advertised_address, local,
+                                          replace=self.format)
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
 
         registration = BookieRegistration(self.config.metadata_store_url, self.advertised_address,
                                           value=registration_value(self.advertised_address,
-                                                                   self.storage.instance_id))
+                                                                   self.storage.instance_id),
+                                          read_only=self.storage.read_only)
         try:
             await registration.start()
         except BaseException:
             await self.stop(grace_s=0)
             raise
         self.registration = registration
+        self.storage.on_read_only_change = self._on_read_only_change
+        if registration.read_only != self.storage.read_only:   # changed while registering
+            self._on_read_only_change(self.storage.read_only)
 
-    async def _check_disk(self) -> None:
-        """Measure the disk usage once and update the read-only state."""
-        cfg = self.config
-        usage, what = await self.storage.disk_usage()
-        self._servicer.disk_usage = usage
-        ro = self.storage.read_only
-        new_ro = next_read_only(ro, usage, cfg.disk_usage_threshold, cfg.disk_usage_lwm_threshold)
-        if new_ro and not ro:
-            self.storage.set_read_only(True, f"{what}, at or over disk_usage_threshold={cfg.disk_usage_threshold}; "
-                                             f"adds are refused until it is below "
-                                             f"disk_usage_lwm_threshold={cfg.disk_usage_lwm_threshold} "
-                                             f"(delete ledgers or add space)")
-        elif ro and not new_ro:
-            self.storage.set_read_only(False, f"{what}, below disk_usage_lwm_threshold={cfg.disk_usage_lwm_threshold}")
-
-    async def _monitor_disk(self) -> None:
-        """BookKeeper's LedgerDirsMonitor: check the disk usage every disk_check_interval_s."""
-        while True:
-            await asyncio.sleep(self.config.disk_check_interval_s)
-            try:
-                await self._check_disk()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a failing check must not stop the monitor
-                log.warning("disk usage check of %s failed: %r", self.config.data_dir, exc)
+    def _on_read_only_change(self, read_only: bool) -> None:
+        """The storage turned read-only or writable (disk monitor, or a commit that hit a full
+        disk): register under /ledgers/available/readonly or /ledgers/available accordingly."""
+        registration = self.registration
+        if registration is not None:
+            task = asyncio.get_running_loop().create_task(registration.set_read_only(read_only))
+            self._registration_moves.add(task)
+            task.add_done_callback(self._registration_moves.discard)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Unregister from etcd (when registered: brokers stop choosing this bookie), stop the
@@ -571,6 +584,9 @@ class BookieServer:
         other RPCs up to ``grace_s`` seconds, then close the storage (queued adds commit)."""
         if self.registration is not None:
             registration, self.registration = self.registration, None
+            self.storage.on_read_only_change = None
+            if self._registration_moves:
+                await asyncio.wait(list(self._registration_moves), timeout=2.0)
             await registration.stop()
         if self._monitor is not None:
             self._monitor.cancel()

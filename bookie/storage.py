@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 import aiosqlite
 
 from bookie import cookie as cookies
-from bookie import data_dir, ledger_db
+from bookie import data_dir, disk_space, ledger_db
 from bookie.data_dir import LOCK_FILE_NAME
 from bookie.journal import GroupCommitJournal
 from bookie.ledger_db import (_INSERT_ENTRY, _SCHEMA, _UPSERT_LEDGER, DB_FILE_NAME, PAGE_SIZE_BYTES,
@@ -104,7 +104,9 @@ class LedgerStorage(GroupCommitJournal):
     larger ones on the journal thread (see the module docstring).
     ``max_db_size_bytes`` (None = no cap) limits the database file (SQLite
     ``max_page_count``); :meth:`disk_usage` then also reports the share of it in
-    use. Call :meth:`open` before use and :meth:`close` at the end, on one event loop.
+    use. ``reserve_bytes``: size of the disk reserve released when the storage turns
+    read-only (:mod:`bookie.disk_space`; None: 2 % of the filesystem, 1..4 MiB; 0: none).
+    Call :meth:`open` before use and :meth:`close` at the end, on one event loop.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class LedgerStorage(GroupCommitJournal):
         max_group_bytes: int = 4 * 1024 * 1024,
         inline_commit_max_bytes: int = 64 * 1024,
         max_db_size_bytes: int | None = None,
+        reserve_bytes: int | None = None,
     ) -> None:
         self.path = path
         self.db_path = os.path.join(path, DB_FILE_NAME)
@@ -123,11 +126,17 @@ class LedgerStorage(GroupCommitJournal):
         self.max_group_bytes = max_group_bytes
         self.inline_commit_max_bytes = inline_commit_max_bytes
         self.max_db_size_bytes = max_db_size_bytes
+        self.reserve_bytes = reserve_bytes   # see bookie.disk_space (None: 2 % of the filesystem, 1..4 MiB)
+        self._reserve: disk_space.DiskReserve | None = None
+        self._reusable_bytes = 0             # free pages inside the database, as last measured
         self.instance_id: str | None = None   # cookie instance id, set by open()
         self.cookie_address = ""
         # Read-only mode (BookKeeper's read-only bookie): normal adds get E_READ_ONLY.
         self.read_only = False
         self.read_only_reason = ""
+        # Called with the new state whenever read_only changes (the server re-registers the
+        # bookie as read-only / writable, BookKeeper's /ledgers/available/readonly).
+        self.on_read_only_change = None
         self._lock_fd: int | None = None
         self._incremental_vacuum = False   # the database has auto_vacuum=INCREMENTAL
         self._vacuum_wanted = False        # deletes freed pages: give them back to the filesystem
@@ -157,9 +166,17 @@ class LedgerStorage(GroupCommitJournal):
             db.execute(f"PRAGMA page_size={PAGE_SIZE_BYTES}")
             db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # new databases only; see ledger_db.migrate
             db.execute("PRAGMA journal_mode=WAL")
+            # Debian's SQLite zeroes every freed page (secure_delete=1), so deleting a ledger wrote
+            # about its whole size to the WAL: on a full disk it could never run. A freed page is
+            # only put on the freelist now (a few pages written per delete).
+            db.execute("PRAGMA secure_delete=OFF")
             db.execute(f"PRAGMA synchronous={'FULL' if self.journal_sync else 'OFF'}")
-            db.execute("PRAGMA journal_size_limit=67108864")
-            db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            # On a small filesystem the WAL is kept to a small share of it (bookie.disk_space):
+            # a checkpoint grows the database by up to the WAL's size, which must fit.
+            wal_pages = disk_space.wal_pages_for(shutil.disk_usage(self.path).total, PAGE_SIZE_BYTES,
+                                                 WAL_AUTOCHECKPOINT_PAGES)
+            db.execute(f"PRAGMA journal_size_limit={min(67108864, 2 * wal_pages * PAGE_SIZE_BYTES)}")
+            db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
         except BaseException:
             db.close()
             raise
@@ -222,6 +239,9 @@ class LedgerStorage(GroupCommitJournal):
         except BaseException:
             self._unlock_data_dir()
             raise
+        self._reserve = disk_space.DiskReserve(self.path, self.reserve_bytes)
+        if not self.read_only:
+            self._reserve.hold()
         self._journal = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-journal")
         self._rdb = await aiosqlite.connect(self.db_path, isolation_level=None)
         await self._rdb.execute("PRAGMA query_only=ON")
@@ -315,32 +335,64 @@ class LedgerStorage(GroupCommitJournal):
     def set_read_only(self, read_only: bool, reason: str = "") -> None:
         """Enter or leave read-only mode (the bookie server's disk monitor decides;
         BookKeeper's read-only bookie, LedgerDirsMonitor). ``reason``: logged and kept in
-        ``read_only_reason`` (the E_READ_ONLY messages). Never raises."""
+        ``read_only_reason`` (the E_READ_ONLY messages). A change is reported to
+        ``on_read_only_change(read_only)`` when set. Never raises."""
         if read_only != self.read_only:
             if read_only:
                 log.warning("bookie storage %s is now READ-ONLY: %s", self.path, reason)
             else:
                 log.warning("bookie storage %s is writable again: %s", self.path, reason)
+        changed = read_only != self.read_only
         self.read_only = read_only
         self.read_only_reason = reason if read_only else ""
+        if changed and self._reserve is not None:
+            # read-only: give the reserve to deletes/fences; writable: take it back
+            self._reserve.release() if read_only else self._reserve.hold()
+        if changed and self.on_read_only_change is not None:
+            try:
+                self.on_read_only_change(read_only)
+            except Exception:  # a listener must not break the storage
+                log.exception("read-only listener failed")
 
     async def disk_usage(self) -> tuple[float, str]:
-        """``(usage, description)``: the larger of the filesystem's used share (as
-        BookKeeper: 1 - usable/total) and, with ``max_db_size_bytes``, the share of
-        it the database's pages in use take (free pages do not count: SQLite reuses
-        them). Raises ``OSError``/``sqlite3.Error``."""
+        """``(usage, description)``: the share (0..1) of the space this bookie may write
+        that is taken (BookKeeper's ``LedgerDirsMonitor``: 1 - usable/total).
+
+        Free pages inside the database file (SQLite's freelist: pages of deleted
+        ledgers) count as usable: SQLite writes new entries into them before it grows
+        the file, so deleting a ledger frees space at once, without the vacuum that a
+        full filesystem may not allow. Without ``max_db_size_bytes`` that is
+        ``1 - (filesystem free bytes + freelist bytes) / filesystem size``; with it, the
+        larger of that and the share of ``max_db_size_bytes`` the database's pages in use
+        take. Raises ``OSError``/``sqlite3.Error``."""
+        db = self._reader()
+        if self._reserve is not None and not self.read_only and not self._reserve.held:
+            self._reserve.hold()   # taken back (it could not be allocated when the storage turned writable)
+        pages = (await db.execute_fetchall("PRAGMA page_count"))[0][0]
+        free = (await db.execute_fetchall("PRAGMA freelist_count"))[0][0]
+        self._reusable_bytes = reusable = free * PAGE_SIZE_BYTES
         fs = shutil.disk_usage(self.path)
-        fs_usage = 1.0 - fs.free / fs.total if fs.total else 0.0
-        usage, what = fs_usage, f"filesystem of {self.path} is {fs_usage:.1%} full"
+        fs_usage = self._fs_usage(fs.total, fs.free)
+        usage, what = fs_usage, (f"filesystem of {self.path} is {fs_usage:.1%} full ({fs.free} bytes free + "
+                                 f"{reusable} reusable in the database, of {fs.total})")
         if self.max_db_size_bytes:
-            db = self._reader()
-            pages = (await db.execute_fetchall("PRAGMA page_count"))[0][0]
-            free = (await db.execute_fetchall("PRAGMA freelist_count"))[0][0]
             db_usage = (pages - free) * PAGE_SIZE_BYTES / self.max_db_size_bytes
             if db_usage > usage:
                 usage, what = db_usage, (f"database uses {(pages - free) * PAGE_SIZE_BYTES} of "
                                          f"max_db_size_bytes={self.max_db_size_bytes} ({db_usage:.1%})")
         return usage, what
+
+    def _fs_usage(self, total: int, free: int) -> float:
+        reserve = self._reserve
+        return disk_space.usage(total, free, self._reusable_bytes, reserve.size if reserve else 0,
+                                reserve.held if reserve else False)
+
+    def quick_usage(self) -> float:
+        """The filesystem share in use (as :meth:`disk_usage`, without ``max_db_size_bytes``)
+        from one ``statvfs`` and the database's free pages as last measured: cheap enough
+        for the add path (a few microseconds). Raises ``OSError``."""
+        st = os.statvfs(self.path)
+        return self._fs_usage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
 
     # ------------------------------------------------------------------ reads
 

@@ -96,6 +96,7 @@ class Producer:
         self._task: asyncio.Task | None = None
         self._batch_timer: asyncio.TimerHandle | None = None
         self._timeout_timer: asyncio.TimerHandle | None = None
+        self._last_send_error: str | None = None  # the broker's last retriable SendError, for Timeout
         self._loop = client.loop
 
     # -- life cycle -------------------------------------------------------------
@@ -292,8 +293,9 @@ class Producer:
             return
         expired = self._queue.expire(time.monotonic() * 1000, self._conf.send_timeout_millis)
         if expired:
+            cause = f"; the broker's last answer: {self._last_send_error}" if self._last_send_error else ""
             exc = Timeout(f"message(s) not persisted within send_timeout_millis={self._conf.send_timeout_millis} "
-                          f"on {self._topic} (producer {self._name}); check the broker, or raise the timeout")
+                          f"on {self._topic} (producer {self._name}){cause}; check the broker, or raise the timeout")
             # ProducerImpl.failPendingMessages: a send timeout fails every pending message, in order
             # (the batch being built included), so that nothing sent later is stored while an
             # earlier one failed: the application's resends keep its order
@@ -447,6 +449,7 @@ class Producer:
                     self._on_send_error(e)
 
     def _on_receipt(self, r: pb.SendReceipt) -> None:
+        self._last_send_error = None
         seq, highest = _signed(r.sequence_id), _signed(r.highest_sequence_id)
         action, op = self._queue.on_receipt(seq, highest)
         if action is ReceiptAction.IGNORE:
@@ -478,6 +481,7 @@ class Producer:
         if is_retriable(exc):
             # The broker ends the stream: reconnect and send this message again (it is not
             # stored by this transmission), then everything after it not stored meanwhile.
+            self._last_send_error = f"{type(exc).__name__}: {exc}"
             self._queue.mark_refused(seq)
             raise exc
         if isinstance(exc, TopicTerminated):

@@ -24,43 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emetadata.proto\x12\x13minipulsar.metadata\"\x84\x03\n\x0eLedgerMetadata\x12\x15\n\rensemble_size\x18\x01 \x01(\x05\x12\x19\n\x11write_quorum_size\x18\x02 \x01(\x05\x12\x17\n\x0f\x61\x63k_quorum_size\x18\x03 \x01(\x05\x12\x38\n\x05state\x18\x04 \x01(\x0e\x32).minipulsar.metadata.LedgerMetadata.State\x12\x15\n\rlast_entry_id\x18\x05 \x01(\x03\x12\x0e\n\x06length\x18\x06 \x01(\x03\x12?\n\tfragments\x18\x07 \x03(\x0b\x32,.minipulsar.metadata.LedgerMetadata.Fragment\x12\x10\n\x08password\x18\x08 \x01(\x0c\x12\r\n\x05\x63time\x18\t \x01(\x03\x1a\x34\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65nsemble\x18\x02 \x03(\t\".\n\x05State\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02\"\xa4\x02\n\x11ManagedLedgerInfo\x12\x45\n\nledgerInfo\x18\x01 \x03(\x0b\x32\x31.minipulsar.metadata.ManagedLedgerInfo.LedgerInfo\x12\x43\n\x12terminatedPosition\x18\x02 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\x12\x31\n\nproperties\x18\x03 \x03(\x0b\x32\x1d.minipulsar.metadata.KeyValue\x1aP\n\nLedgerInfo\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x11\n\ttimestamp\x18\x04 \x01(\x03\"7\n\x12NestedPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x01(\x03\"\x8e\x01\n\x0cMessageRange\x12>\n\rlowerEndpoint\x18\x01 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\x12>\n\rupperEndpoint\x18\x02 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\"m\n\x1d\x42\x61tchedEntryDeletionIndexInfo\x12\x39\n\x08position\x18\x01 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\x12\x11\n\tdeleteSet\x18\x02 \x03(\x03\"+\n\x0cLongProperty\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03\"-\n\x0eStringProperty\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"6\n\x0cLedgerAckSet\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x14\n\x0c\x61\x63kedEntries\x18\x02 \x01(\x0c\"\x8e\x03\n\x11ManagedCursorInfo\x12\x17\n\x0f\x63ursorsLedgerId\x18\x01 \x01(\x03\x12\x1a\n\x12markDeleteLedgerId\x18\x02 \x01(\x03\x12\x19\n\x11markDeleteEntryId\x18\x03 \x01(\x03\x12\x44\n\x19individualDeletedMessages\x18\x04 \x03(\x0b\x32!.minipulsar.metadata.MessageRange\x12\x35\n\nproperties\x18\x05 \x03(\x0b\x32!.minipulsar.metadata.LongProperty\x12\x12\n\nlastActive\x18\x06 \x01(\x03\x12Y\n\x1d\x62\x61tchedEntryDeletionIndexInfo\x18\x07 \x03(\x0b\x32\x32.minipulsar.metadata.BatchedEntryDeletionIndexInfo\x12=\n\x10\x63ursorProperties\x18\x08 \x03(\x0b\x32#.minipulsar.metadata.StringProperty\"\x9d\x04\n\x0cPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x01(\x03\x12\x44\n\x19individualDeletedMessages\x18\x03 \x03(\x0b\x32!.minipulsar.metadata.MessageRange\x12\x35\n\nproperties\x18\x04 \x03(\x0b\x32!.minipulsar.metadata.LongProperty\x12Y\n\x1d\x62\x61tchedEntryDeletionIndexInfo\x18\x05 \x03(\x0b\x32\x32.minipulsar.metadata.BatchedEntryDeletionIndexInfo\x12\x32\n\x07\x61\x63kSets\x18\x06 \x03(\x0b\x32!.minipulsar.metadata.LedgerAckSet\x12\x34\n\x04kind\x18\x07 \x01(\x0e\x32&.minipulsar.metadata.PositionInfo.Kind\x12\x41\n\x0bsegmentRefs\x18\x08 \x03(\x0b\x32,.minipulsar.metadata.PositionInfo.SegmentRef\x1a;\n\nSegmentRef\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x1b\n\x13\x63ursorLedgerEntryId\x18\x02 \x01(\x03\"(\n\x04Kind\x12\x08\n\x04\x46ULL\x10\x00\x12\x0b\n\x07SEGMENT\x10\x01\x12\t\n\x05INDEX\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emetadata.proto\x12\x13minipulsar.metadata\"\x97\x04\n\x0eLedgerMetadata\x12\x15\n\rensemble_size\x18\x01 \x01(\x05\x12\x19\n\x11write_quorum_size\x18\x02 \x01(\x05\x12\x17\n\x0f\x61\x63k_quorum_size\x18\x03 \x01(\x05\x12\x38\n\x05state\x18\x04 \x01(\x0e\x32).minipulsar.metadata.LedgerMetadata.State\x12\x15\n\rlast_entry_id\x18\x05 \x01(\x03\x12\x0e\n\x06length\x18\x06 \x01(\x03\x12?\n\tfragments\x18\x07 \x03(\x0b\x32,.minipulsar.metadata.LedgerMetadata.Fragment\x12\x10\n\x08password\x18\x08 \x01(\x0c\x12\r\n\x05\x63time\x18\t \x01(\x03\x12W\n\x13\x62ookie_instance_ids\x18\n \x03(\x0b\x32:.minipulsar.metadata.LedgerMetadata.BookieInstanceIdsEntry\x1a\x34\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65nsemble\x18\x02 \x03(\t\x1a\x38\n\x16\x42ookieInstanceIdsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\".\n\x05State\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02\"\xa4\x02\n\x11ManagedLedgerInfo\x12\x45\n\nledgerInfo\x18\x01 \x03(\x0b\x32\x31.minipulsar.metadata.ManagedLedgerInfo.LedgerInfo\x12\x43\n\x12terminatedPosition\x18\x02 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\x12\x31\n\nproperties\x18\x03 \x03(\x0b\x32\x1d.minipulsar.metadata.KeyValue\x1aP\n\nLedgerInfo\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x11\n\ttimestamp\x18\x04 \x01(\x03\"7\n\x12NestedPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x01(\x03\"\x8e\x01\n\x0cMessageRange\x12>\n\rlowerEndpoint\x18\x01 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\x12>\n\rupperEndpoint\x18\x02 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\"m\n\x1d\x42\x61tchedEntryDeletionIndexInfo\x12\x39\n\x08position\x18\x01 \x01(\x0b\x32\'.minipulsar.metadata.NestedPositionInfo\x12\x11\n\tdeleteSet\x18\x02 \x03(\x03\"+\n\x0cLongProperty\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03\"-\n\x0eStringProperty\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"6\n\x0cLedgerAckSet\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x14\n\x0c\x61\x63kedEntries\x18\x02 \x01(\x0c\"\x8e\x03\n\x11ManagedCursorInfo\x12\x17\n\x0f\x63ursorsLedgerId\x18\x01 \x01(\x03\x12\x1a\n\x12markDeleteLedgerId\x18\x02 \x01(\x03\x12\x19\n\x11markDeleteEntryId\x18\x03 \x01(\x03\x12\x44\n\x19individualDeletedMessages\x18\x04 \x03(\x0b\x32!.minipulsar.metadata.MessageRange\x12\x35\n\nproperties\x18\x05 \x03(\x0b\x32!.minipulsar.metadata.LongProperty\x12\x12\n\nlastActive\x18\x06 \x01(\x03\x12Y\n\x1d\x62\x61tchedEntryDeletionIndexInfo\x18\x07 \x03(\x0b\x32\x32.minipulsar.metadata.BatchedEntryDeletionIndexInfo\x12=\n\x10\x63ursorProperties\x18\x08 \x03(\x0b\x32#.minipulsar.metadata.StringProperty\"\x9d\x04\n\x0cPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x01(\x03\x12\x44\n\x19individualDeletedMessages\x18\x03 \x03(\x0b\x32!.minipulsar.metadata.MessageRange\x12\x35\n\nproperties\x18\x04 \x03(\x0b\x32!.minipulsar.metadata.LongProperty\x12Y\n\x1d\x62\x61tchedEntryDeletionIndexInfo\x18\x05 \x03(\x0b\x32\x32.minipulsar.metadata.BatchedEntryDeletionIndexInfo\x12\x32\n\x07\x61\x63kSets\x18\x06 \x03(\x0b\x32!.minipulsar.metadata.LedgerAckSet\x12\x34\n\x04kind\x18\x07 \x01(\x0e\x32&.minipulsar.metadata.PositionInfo.Kind\x12\x41\n\x0bsegmentRefs\x18\x08 \x03(\x0b\x32,.minipulsar.metadata.PositionInfo.SegmentRef\x1a;\n\nSegmentRef\x12\x10\n\x08ledgerId\x18\x01 \x01(\x03\x12\x1b\n\x13\x63ursorLedgerEntryId\x18\x02 \x01(\x03\"(\n\x04Kind\x12\x08\n\x04\x46ULL\x10\x00\x12\x0b\n\x07SEGMENT\x10\x01\x12\t\n\x05INDEX\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'metadata_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_LEDGERMETADATA_BOOKIEINSTANCEIDSENTRY']._loaded_options = None
+  _globals['_LEDGERMETADATA_BOOKIEINSTANCEIDSENTRY']._serialized_options = b'8\001'
   _globals['_LEDGERMETADATA']._serialized_start=40
-  _globals['_LEDGERMETADATA']._serialized_end=428
-  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_start=328
-  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_end=380
-  _globals['_LEDGERMETADATA_STATE']._serialized_start=382
-  _globals['_LEDGERMETADATA_STATE']._serialized_end=428
-  _globals['_MANAGEDLEDGERINFO']._serialized_start=431
-  _globals['_MANAGEDLEDGERINFO']._serialized_end=723
-  _globals['_MANAGEDLEDGERINFO_LEDGERINFO']._serialized_start=643
-  _globals['_MANAGEDLEDGERINFO_LEDGERINFO']._serialized_end=723
-  _globals['_NESTEDPOSITIONINFO']._serialized_start=725
-  _globals['_NESTEDPOSITIONINFO']._serialized_end=780
-  _globals['_MESSAGERANGE']._serialized_start=783
-  _globals['_MESSAGERANGE']._serialized_end=925
-  _globals['_BATCHEDENTRYDELETIONINDEXINFO']._serialized_start=927
-  _globals['_BATCHEDENTRYDELETIONINDEXINFO']._serialized_end=1036
-  _globals['_LONGPROPERTY']._serialized_start=1038
-  _globals['_LONGPROPERTY']._serialized_end=1081
-  _globals['_STRINGPROPERTY']._serialized_start=1083
-  _globals['_STRINGPROPERTY']._serialized_end=1128
-  _globals['_KEYVALUE']._serialized_start=1130
-  _globals['_KEYVALUE']._serialized_end=1168
-  _globals['_LEDGERACKSET']._serialized_start=1170
-  _globals['_LEDGERACKSET']._serialized_end=1224
-  _globals['_MANAGEDCURSORINFO']._serialized_start=1227
-  _globals['_MANAGEDCURSORINFO']._serialized_end=1625
-  _globals['_POSITIONINFO']._serialized_start=1628
-  _globals['_POSITIONINFO']._serialized_end=2169
-  _globals['_POSITIONINFO_SEGMENTREF']._serialized_start=2068
-  _globals['_POSITIONINFO_SEGMENTREF']._serialized_end=2127
-  _globals['_POSITIONINFO_KIND']._serialized_start=2129
-  _globals['_POSITIONINFO_KIND']._serialized_end=2169
+  _globals['_LEDGERMETADATA']._serialized_end=575
+  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_start=417
+  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_end=469
+  _globals['_LEDGERMETADATA_BOOKIEINSTANCEIDSENTRY']._serialized_start=471
+  _globals['_LEDGERMETADATA_BOOKIEINSTANCEIDSENTRY']._serialized_end=527
+  _globals['_LEDGERMETADATA_STATE']._serialized_start=529
+  _globals['_LEDGERMETADATA_STATE']._serialized_end=575
+  _globals['_MANAGEDLEDGERINFO']._serialized_start=578
+  _globals['_MANAGEDLEDGERINFO']._serialized_end=870
+  _globals['_MANAGEDLEDGERINFO_LEDGERINFO']._serialized_start=790
+  _globals['_MANAGEDLEDGERINFO_LEDGERINFO']._serialized_end=870
+  _globals['_NESTEDPOSITIONINFO']._serialized_start=872
+  _globals['_NESTEDPOSITIONINFO']._serialized_end=927
+  _globals['_MESSAGERANGE']._serialized_start=930
+  _globals['_MESSAGERANGE']._serialized_end=1072
+  _globals['_BATCHEDENTRYDELETIONINDEXINFO']._serialized_start=1074
+  _globals['_BATCHEDENTRYDELETIONINDEXINFO']._serialized_end=1183
+  _globals['_LONGPROPERTY']._serialized_start=1185
+  _globals['_LONGPROPERTY']._serialized_end=1228
+  _globals['_STRINGPROPERTY']._serialized_start=1230
+  _globals['_STRINGPROPERTY']._serialized_end=1275
+  _globals['_KEYVALUE']._serialized_start=1277
+  _globals['_KEYVALUE']._serialized_end=1315
+  _globals['_LEDGERACKSET']._serialized_start=1317
+  _globals['_LEDGERACKSET']._serialized_end=1371
+  _globals['_MANAGEDCURSORINFO']._serialized_start=1374
+  _globals['_MANAGEDCURSORINFO']._serialized_end=1772
+  _globals['_POSITIONINFO']._serialized_start=1775
+  _globals['_POSITIONINFO']._serialized_end=2316
+  _globals['_POSITIONINFO_SEGMENTREF']._serialized_start=2215
+  _globals['_POSITIONINFO_SEGMENTREF']._serialized_end=2274
+  _globals['_POSITIONINFO_KIND']._serialized_start=2276
+  _globals['_POSITIONINFO_KIND']._serialized_end=2316
 # @@protoc_insertion_point(module_scope)

@@ -48,6 +48,7 @@ import dataclasses
 import os
 import re
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -147,6 +148,8 @@ class Cluster:
         self.broker: Optional[BrokerProcess] = None
         self.broker_port: Optional[int] = None
         self.config_file = self.base / "broker.toml"
+        self.disk_full: set[int] = set()   # bookies restarted with a full disk (fill_disk)
+        self.wiped: set[int] = set()       # bookies whose data dir was wiped (wipe_bookie)
 
     # -- start ---------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +240,60 @@ class Cluster:
         if proc is not None and proc.is_running():
             os.kill(proc.popen.pid, signal.SIGCONT)
 
+    # -- storage faults (issue 34): a full disk, a wiped data dir -----------------------
+    # Kept apart from the rest so that other fault additions merge cleanly.
+    def fill_disk(self, i: int) -> str:
+        """Bookie ``i``'s disk is full: it restarts (same port) with its database capped at the
+        pages it uses now (``--max-db-size-bytes``, checked every 0.2 s), so it is read-only at
+        once and turns writable by itself only if deletes (trimmed ledgers) free 10 % of it.
+        Returns its address."""
+        proc = self.bookies[i]
+        proc.terminate()
+        db = sqlite3.connect(f"file:{self.bookie_dir(i) / 'ledgers.db'}?mode=ro", uri=True)
+        try:
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            free = db.execute("PRAGMA freelist_count").fetchone()[0]
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        finally:
+            db.close()
+        cap = max(1, pages - free) * page_size
+        port = self.bookie_ports[i]
+        self.bookies[i] = _retry_start(lambda: start_bookie(
+            self.bookie_dir(i), extra_args=("--port", str(port), "--max-db-size-bytes", str(cap),
+                                            "--disk-check-interval-s", "0.2"), tracker=self.tracker))
+        self.disk_full.add(i)
+        return proc.address
+
+    def free_disk(self, i: int) -> str:
+        """The operator adds space to bookie ``i``: it restarts without the cap. Returns its address."""
+        self.bookies[i].terminate()
+        self.disk_full.discard(i)
+        return self.restart_bookie(i)
+
+    def free_all_disks(self) -> list[str]:
+        """Free every full disk (before the final check); returns notes."""
+        notes = []
+        for i in sorted(self.disk_full):
+            notes.append(f"bookie-{i}: disk freed for the final check ({self.free_disk(i)})")
+        return notes
+
+    def wipe_bookie(self, i: int) -> str:
+        """kill -9 of bookie ``i``, its data (database, WAL, cookie, reserve) deleted, and the
+        operator's explicit ``--format`` start: a new, empty instance under the same address
+        (its logs are kept for the report). Returns its address."""
+        proc = self.bookies[i]
+        proc.kill()
+        for path in self.bookie_dir(i).iterdir():
+            if not path.name.endswith(".log"):
+                path.unlink()
+        port = self.bookie_ports[i]
+        self.bookies[i] = _retry_start(lambda: start_bookie(self.bookie_dir(i), extra_args=(
+            "--port", str(port), "--format"), tracker=self.tracker))
+        self.bookie_state[i] = BOOKIE_UP
+        self.disk_full.discard(i)
+        self.wiped.add(i)
+        return proc.address
+
     # -- broker --------------------------------------------------------------------
     def kill_broker(self) -> None:
         self.broker.kill()
@@ -257,6 +314,8 @@ class Cluster:
         notes = []
         for i in range(self.n_bookies):
             self.resume_bookie(i)
+        notes += self.free_all_disks()
+        for i in range(self.n_bookies):
             proc = self.bookies[i]
             if self.bookie_state[i] == BOOKIE_UP and (proc is None or not proc.is_running()):
                 notes.append(f"bookie-{i} ({proc.address if proc else '?'}) had exited by itself "

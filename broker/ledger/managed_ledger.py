@@ -10,7 +10,11 @@ Follows Pulsar's ``ManagedLedgerImpl``:
   size >= managed_ledger_max_size_per_ledger_mb, once at least
   managed_ledger_min_ledger_rollover_time_minutes passed; or older than
   managed_ledger_max_ledger_rollover_time_minutes) the ledger is closed and a new
-  one created (rollover). Adds issued meanwhile queue and keep their order.
+  one created (rollover) as soon as the add that filled it completes. Adds issued
+  meanwhile queue and keep their order.
+* Ledger creation that fails backs off (CREATE_LEDGER_RETRY_*), across rollovers;
+  when the bookies are read-only (disk full) the waiting adds fail with
+  NotEnoughBookies, and so do new adds until a ledger can be created again.
 * A write error is invisible to producers (``ManagedLedgerImpl.ledgerClosed``,
   ``OpAddEntry.handleAddFailure``): the failed ledger is closed at the writer's
   LastAddConfirmed, and every add not confirmed on it is resubmitted, in order,
@@ -33,7 +37,7 @@ import weakref
 from typing import TYPE_CHECKING, Optional
 
 from bookie.client import BookKeeper, LedgerHandle
-from bookie.errors import BKException, EntryTooLargeError, LedgerFencedError, NoSuchLedgerError
+from bookie.errors import BKException, EntryTooLargeError, LedgerFencedError, NoSuchLedgerError, NotEnoughBookiesError
 from proto import metadata_pb2
 
 from broker.metadata.names import ml_path
@@ -48,6 +52,13 @@ if TYPE_CHECKING:
     from .managed_cursor import ManagedCursor
 
 log = logging.getLogger(__name__)
+
+# Ledger creation after a failure backs off from the first to the last delay (seconds),
+# doubling; the delay is kept across rollovers and reset only once a new ledger took an
+# add, so a ledger whose first add fails (a read-only bookie in its ensemble) is not
+# followed by another one at once, and another (a tight create/fail loop).
+CREATE_LEDGER_RETRY_FIRST_S = 0.05
+CREATE_LEDGER_RETRY_MAX_S = 5.0
 
 
 class ManagedLedger(LedgerPositions):
@@ -76,6 +87,10 @@ class ManagedLedger(LedgerPositions):
         self._failed_ledger: Optional[LedgerHandle] = None   # closed at its LAC by the next rollover
         self._ledgers_to_delete: list[int] = []               # empty ledgers, deleted after _store_info
         self._rollover_task: Optional[asyncio.Task] = None
+        self._create_retry_s = CREATE_LEDGER_RETRY_FIRST_S   # next ledger-creation backoff (see above)
+        # Why no ledger can be created (NotEnoughBookies with read-only bookies: disk full); while
+        # set and no ledger is open, adds fail at once with it instead of waiting.
+        self._cannot_create: Optional[str] = None
         self._closing = asyncio.Event()                       # set by close(): stops creation retries
         self._read_handles: dict[int, LedgerHandle] = {}
         self._add_waiters: list[asyncio.Future] = []  # resolved at the next confirmed add (or close)
@@ -227,6 +242,8 @@ class ManagedLedger(LedgerPositions):
         if len(data) > self.config.max_entry_size_bytes:
             raise ManagedLedgerError(
                 f"entry of {len(data)} bytes exceeds max_entry_size_bytes={self.config.max_entry_size_bytes}")
+        if self._cannot_create is not None and self.current is None:
+            raise ManagedLedgerError(f"[{self.name}] cannot store entries now: {self._cannot_create}")
         fut = asyncio.get_running_loop().create_future()
         if self._rollover_task is not None or self._queued or self.current is None:
             self._queued.append((data, fut))
@@ -272,6 +289,7 @@ class ManagedLedger(LedgerPositions):
             return
         pos = Position(handle.ledger_id, entry_id)
         self.last_confirmed = pos
+        self._create_retry_s = CREATE_LEDGER_RETRY_FIRST_S   # a ledger took an add: creation works
         self.entries_added_total += 1
         self.bytes_added_total += len(data)
         self.cache.insert(pos, data)
@@ -279,6 +297,10 @@ class ManagedLedger(LedgerPositions):
             fut.set_result(pos)
         if self._add_waiters:
             self._wake_add_waiters()
+        if handle is self.current and self._rollover_task is None and self._current_is_full():
+            # ManagedLedgerImpl: the add that fills the ledger closes it and creates the next
+            # one at once (not at the next add), so a caught-up reader sees the ledger closed.
+            self._start_rollover()
 
     def _on_ledger_error(self, handle: LedgerHandle, exc: BaseException) -> None:
         if isinstance(exc, LedgerFencedError):
@@ -334,29 +356,63 @@ class ManagedLedger(LedgerPositions):
         except Exception as exc:  # noqa: BLE001 - an empty ledger; leaks at worst
             log.warning("[%s] deleting empty ledger %d: %s", self.name, ledger_id, exc)
 
+    async def _backoff_creation(self) -> None:
+        """Wait the current ledger-creation backoff (or until close) and double it."""
+        delay = self._create_retry_s
+        self._create_retry_s = min(delay * 2, CREATE_LEDGER_RETRY_MAX_S)
+        try:
+            await asyncio.wait_for(self._closing.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+
+    def _fail_waiting_adds(self, error: ManagedLedgerError) -> None:
+        """Fail the adds waiting for a ledger (Pulsar's clearPendingAddEntries after a failed
+        createLedger): none was stored; the producer's client resends them."""
+        waiting = self._failed_adds + self._queued
+        self._failed_adds, self._queued = [], []
+        for _, fut in waiting:
+            if not fut.done():
+                fut.set_exception(error)
+
     async def _rollover(self) -> None:
         try:
             old = self.current if self.current is not None else self._failed_ledger
+            failed_unused = old is not None and old is self._failed_ledger and old.last_add_confirmed < 0
             if old is not None:
                 await self._close_ledger(old)
             self._failed_ledger = None
             self.current = None
-            delay = 0.05
+            if failed_unused and self._create_retry_s > CREATE_LEDGER_RETRY_FIRST_S:
+                # The last ledger failed before it took a single add, after an earlier failure:
+                # wait before the next one (else: create, fail the first add, create, ...).
+                log.warning("[%s] ledger %d failed before its first add; next ledger in %.2fs", self.name,
+                            old.ledger_id, self._create_retry_s)
+                await self._backoff_creation()
+            elif failed_unused:
+                self._create_retry_s = CREATE_LEDGER_RETRY_FIRST_S * 2
             while True:
                 if self._closing.is_set():
                     raise ManagedLedgerClosedError(f"managed ledger {self.name} is closed")
                 try:
                     await self._create_ledger()
+                    if self._cannot_create is not None:
+                        log.info("[%s] a ledger could be created again (%s)", self.name, self._cannot_create)
+                    self._cannot_create = None
                     break
                 except ManagedLedgerFencedError:
                     raise
                 except BKException as exc:
-                    log.warning("[%s] cannot create a ledger yet: %s; retrying in %.2fs", self.name, exc, delay)
-                    try:
-                        await asyncio.wait_for(self._closing.wait(), delay)
-                    except asyncio.TimeoutError:
-                        pass
-                    delay = min(delay * 2, 2.0)
+                    if isinstance(exc, NotEnoughBookiesError) and exc.read_only_bookies:
+                        # Disk full: lasts until an operator frees space. Fail the sends waiting
+                        # now (clear error, NotEnoughBookies) rather than let them time out.
+                        if self._cannot_create is None:
+                            log.error("[%s] cannot create a ledger: %s; failing sends until bookies are "
+                                      "writable again", self.name, exc)
+                        self._cannot_create = str(exc)
+                        self._fail_waiting_adds(ManagedLedgerError(f"[{self.name}] cannot store entries: {exc}"))
+                    log.warning("[%s] cannot create a ledger yet: %s; retrying in %.2fs", self.name, exc,
+                                self._create_retry_s)
+                    await self._backoff_creation()
         except Exception as exc:
             failed = self._failed_adds + self._queued
             self._failed_adds, self._queued = [], []

@@ -258,6 +258,33 @@ def test_restart_after_a_fully_read_ledger_was_deleted_is_not_data_loss(spark, u
     assert sink.rows == values(later)
 
 
+def test_a_caught_up_query_at_the_last_entry_of_a_full_ledger_survives_its_trim(spark, url, client, admin,
+                                                                                  tmp_path):
+    """Issue 34, case 3: the add that fills a ledger closes it and creates the next one at once
+    (Pulsar's ManagedLedgerImpl), so a query that read everything sees the full ledger closed
+    and its successor; after that ledger is trimmed the restarted query is not in data loss.
+    Before, the full ledger stayed open until the next add: the query recorded it open and
+    no successor, and its restart after the trim failed with a false failOnDataLoss error."""
+    ns, topic = new_topic(admin, "spark-full-ledger")
+    first = produce(client, topic, 0, ENTRIES_PER_LEDGER, batching=False)   # fills exactly one ledger
+    deadline = time.monotonic() + 10
+    while [n for _, n in ledgers(admin, topic)] != [ENTRIES_PER_LEDGER, 0]:   # closed without another add
+        assert time.monotonic() < deadline, f"the full ledger was not closed: {ledgers(admin, topic)}"
+        time.sleep(0.05)
+    checkpoint = tmp_path / "checkpoint"
+    sink = Collect()
+    assert run_stream(spark, url, topic, checkpoint, sink, startingOffsets="earliest").exception() is None
+    assert sink.rows == values(first)                                    # caught up: checkpoint at entry 4
+    later = produce(client, topic, 100, 103, batching=False)
+    trim(client, admin, ns, topic)                                       # the full ledger goes
+    sink = Collect()
+    query = run_stream(spark, url, topic, checkpoint, sink)
+    assert query.exception() is None, str(query.exception())[:800]
+    print(f"\nrows written {len(first)} + {len(later)}, read {len(values(first))} + {len(sink.rows)} "
+          f"across the trim of the full ledger")
+    assert sink.rows == values(later)
+
+
 # ---- case 7: durable subscription, more partitions ------------------------------------------
 def test_durable_subscription_holds_unread_entries_until_the_query_stops(spark, url, client, admin, tmp_path):
     ns, topic = new_topic(admin, "spark-durable", retention_minutes=0)     # no retention: only cursors hold data
