@@ -1,0 +1,5 @@
+"""placeholder"""
+from aiohttp import web
+routes = web.RouteTableDef()
+def setup(app):
+    pass
