@@ -71,8 +71,9 @@ class WebService:
         if c.tls_enabled:
             ctx = ssl_context(c.tls_certificate_file_path, c.tls_key_file_path, c.tls_trust_certs_file_path,
                               c.tls_require_trusted_client_cert_on_connect)
+        # shutdown_timeout: open requests (dashboard streams) get 1 s, then are cancelled
         self._runner = web.AppRunner(build_app(self.service, self.registry), access_log=None,
-                                     handler_cancellation=True)
+                                     handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ctx, reuse_address=True)
         await site.start()
