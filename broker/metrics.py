@@ -1,6 +1,6 @@
 """Prometheus metrics with Pulsar's names, served on the broker's HTTP port at
-``/metrics``. A custom collector reads the topics at scrape time (from the
-HTTP server thread; it only copies numbers)."""
+``/metrics`` (``broker.http.metrics_resource``). A custom collector reads the
+topics at scrape time (on the event loop; it only copies numbers)."""
 from __future__ import annotations
 
 import gc
@@ -181,6 +181,14 @@ def gc_pause_collector() -> GcPauseCollector:
         return _gc_collector
 
 
+def metrics_registry(service) -> CollectorRegistry:
+    """The registry ``/metrics`` serves for ``service``: BrokerCollector + the GC pauses."""
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(service))
+    registry.register(gc_pause_collector())
+    return registry
+
+
 def start_metrics_server(service, host: str, port: int, certfile: Optional[str] = None,
                          keyfile: Optional[str] = None) -> tuple[Optional[object], int]:
     """Serve /metrics; returns (server, bound port). Port -1 disables it.
@@ -188,8 +196,6 @@ def start_metrics_server(service, host: str, port: int, certfile: Optional[str] 
     ``tls_enabled``, Pulsar's webServicePortTls)."""
     if port < 0:
         return None, -1
-    registry = CollectorRegistry()
-    registry.register(BrokerCollector(service))
-    registry.register(gc_pause_collector())
+    registry = metrics_registry(service)
     httpd, _thread = start_http_server(port, addr=host, registry=registry, certfile=certfile, keyfile=keyfile)
     return httpd, httpd.server_port

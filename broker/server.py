@@ -19,7 +19,6 @@ from proto.metadata_url import parse_metadata_store_url
 
 from . import tls_security
 from .grpc_servicer import PulsarBrokerServicer
-from .metrics import start_metrics_server
 from .service.broker_service import BrokerService
 from .service.errors import AlreadyExists
 
@@ -152,6 +151,7 @@ class BrokerServer:
         self.security.start(self.service)
         broker_pb2_grpc.add_PulsarBrokerServicer_to_server(PulsarBrokerServicer(self.service), self._server)
         await self._server.start()
+        await self._start_web_service()
         if self.metadata.shared:
             # a broker of a cluster: bundle ownership, lookup and the load manager
             from broker.ownership.namespace_service import NamespaceService
@@ -161,11 +161,20 @@ class BrokerServer:
         from .protocols.pulsar.listener import PulsarListener
         self.pulsar_listener = PulsarListener(self.service)
         await self.pulsar_listener.start()
-        self._http, self.http_port = start_metrics_server(
-            self.service, c.bind_address, c.web_service_port,
-            certfile=c.tls_certificate_file_path if c.tls_enabled else None,
-            keyfile=c.tls_key_file_path if c.tls_enabled else None)
-        log.info("broker of cluster %s serving %s (metrics on :%s)", c.cluster_name, self.service_url, self.http_port)
+        log.info("broker of cluster %s serving %s (REST admin, metrics and dashboard on :%s)", c.cluster_name,
+                 self.service_url, self.http_port)
+
+    async def _start_web_service(self) -> None:
+        """Serve the HTTP side (REST admin, lookup v2, /metrics, dashboard; ``broker.http``)
+        on ``web_service_port``, HTTPS only with ``tls_enabled``; before the namespace
+        service starts, so the first load report carries its URL (``web_service_url``)."""
+        from .http.server import WebService
+        from .metrics import metrics_registry
+
+        c = self.config
+        self._http = WebService(self.service, metrics_registry(self.service), c)
+        self.http_port = await self._http.start(c.bind_address, c.web_service_port)
+        self.service.web_service_url = self._http.url
 
     def _build_authentication_securities(self) -> None:
         """Add the broker's own credentials to its outgoing links (Pulsar's
@@ -253,12 +262,14 @@ class BrokerServer:
             pass
 
     async def stop(self) -> None:
-        """Stop gRPC (1 s grace for running calls), then close the service, the bookie client,
+        """Stop gRPC (1 s grace for running calls) and the web service, then close the service, the bookie client,
         the metadata store and the HTTP endpoint; safe after a partial ``start``."""
         if self.pulsar_listener is not None:
             await self.pulsar_listener.stop()
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self._http is not None:
+            await self._http.stop()
         if self.security is not None:
             await self.security.close()
         if self.service is not None:
@@ -267,9 +278,6 @@ class BrokerServer:
             await self.bk.close()
         if self.metadata is not None:
             await self.metadata.close()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
         if self._lock_fd is not None:
             from proto.data_dir_lock import unlock_data_dir
             unlock_data_dir(self._lock_fd)

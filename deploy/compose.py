@@ -8,6 +8,9 @@ One service per process, as ``minipulsar geo up`` runs them:
   ``broker-<cluster>-<i>`` (``minipulsar geo broker``: the topology's settings),
 * ``geo-setup``: one shot, the registration ``geo up`` does (once, in the
   configuration store),
+* ``geo-dashboard``: ``minipulsar geo dashboard``, the live page of every cluster
+  (published on the host's 127.0.0.1:8070; each broker's web port, also published,
+  has its own cluster's page at ``/dashboard``),
 * ``geo-net``: holds the network namespace every other service joins
   (``network_mode: service:geo-net``) and publishes the brokers' ports.
 
@@ -55,6 +58,7 @@ import json
 from pathlib import Path
 
 from deploy.cluster_plan import etcd_command
+from deploy.geo_dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from deploy.topology import Topology, port_variable
 
 __all__ = ["compose_model", "render_compose", "port_variable", "IMAGE", "PROJECT_NAME", "NETWORK_SERVICE",
@@ -71,6 +75,7 @@ LOCAL = "127.0.0.1"    # inside the shared network namespace
 # --tls: the CA and node certificate, written once by geo-certs into a host directory
 TLS_PROJECT_NAME = "minipulsar-geo-tls"
 CERTS_SERVICE = "geo-certs"
+DASHBOARD_SERVICE = "geo-dashboard"
 TLS_MOUNT = "/tls"                                  # where every container sees the directory
 TLS_DIR_VARIABLE = "MINIPULSAR_COMPOSE_TLS_DIR"     # the host directory (bind mount)
 TLS_HOST_DIR_DEFAULT = "./data/compose-tls"         # relative to the compose file's directory
@@ -140,6 +145,9 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
              for c in topology.clusters for i, b in enumerate(c.brokers)]
     ports += [f"{LOCAL}:{b.pulsar_port}:{b.pulsar_port}"          # Pulsar binary protocol (official clients)
               for c in topology.clusters for b in c.brokers if b.pulsar_port > 0]
+    # the brokers' web ports (REST admin, /metrics, each cluster's dashboard) and the geo dashboard's page
+    ports += [f"{LOCAL}:{b.http_port}:{b.http_port}" for c in topology.clusters for b in c.brokers if b.http_port > 0]
+    ports.append(f"{LOCAL}:{DASHBOARD_PORT}:{DASHBOARD_PORT}")
     services[NETWORK_SERVICE] = {"build": ".", "image": IMAGE, "command": ["sleep", "infinity"], "init": True,
                                  "ports": ports, "restart": "unless-stopped"}
     certs: dict = {}            # --tls: what every service using the certificates adds to depends_on
@@ -199,6 +207,13 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
         "restart": "no"}
     if tls:
         services["geo-setup"]["volumes"] = [_tls_volume()]
+    services[DASHBOARD_SERVICE] = {
+        "image": IMAGE, "command": ["minipulsar", "geo", "dashboard", "--topology", topo_path, "--host", "0.0.0.0",
+                                    "--port", str(DASHBOARD_PORT), *tls_args],
+        **_joined({**certs, **{svc: {"condition": "service_healthy"} for svc in brokers}}),
+        "restart": "unless-stopped"}
+    if tls:
+        services[DASHBOARD_SERVICE]["volumes"] = [_tls_volume()]
     return {"name": TLS_PROJECT_NAME if tls else PROJECT_NAME, "services": services, "volumes": volumes}
 
 

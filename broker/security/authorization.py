@@ -86,6 +86,7 @@ _ADMIN_RULES: dict[str, tuple[str, Optional[str]]] = {
     "topics.partitioned_metadata": (_LOOKUP, "topic"), "topics.lookup": (_LOOKUP, "topic"),
     "topics.subscriptions": (_CONSUME, "topic"), "topics.unsubscribe": (_CONSUME, "topic"),
     "topics.create_subscription": (_CONSUME, "topic"), "topics.reset_cursor": (_CONSUME, "topic"),
+    "topics.skip": (_CONSUME, "topic"), "topics.last_message_id": (_LOOKUP, "topic"),
 }
 
 

@@ -13,6 +13,7 @@ it is sent to. The geo demo configures every cluster by calling each one.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from typing import Any, Awaitable, Callable, Optional
@@ -615,6 +616,54 @@ async def _topics_reset(s: BrokerService, b: dict):
         raise InvalidArgument("give message_id ('ledger:entry') or timestamp_ms")
     await sub.reset_cursor(pos)
     return {"ok": True, "position": str(pos)}
+
+
+@verb("topics.skip", topic=TOPIC, subscription=SUBSCRIPTION, count=_INT.optional())
+async def _topics_skip(s: BrokerService, b: dict):
+    """Pulsar's skipMessages / clearBacklog (``count`` absent): acknowledge the next
+    ``count`` unacknowledged entries of the subscription (a batch entry counts once,
+    as Pulsar's ``skipEntries``), or every entry up to the last one. Returns
+    ``{"skipped": entries, "markDeletePosition": "ledger:entry"}``; NotFound for an
+    unknown subscription, InvalidArgument for a count below 1."""
+    topic = await _existing(s, _topic(b))
+    sub = topic.subscriptions.get(b["subscription"])
+    if sub is None:
+        raise NotFound(f"subscription {b['subscription']} does not exist on {topic.name}")
+    count = b.get("count")
+    if count is not None and count < 1:
+        raise InvalidArgument(f"count must be >= 1 (got {count}); leave it out to skip the whole backlog")
+    cursor, ml = sub.cursor, topic.ml
+    last = ml.last_confirmed
+    if count is None:
+        before = cursor.number_of_entries_in_backlog()
+        if last > cursor.mark_delete_position:
+            await cursor.mark_delete(last)
+        skipped = before
+    else:
+        positions, pos = [], ml.next_position(cursor.mark_delete_position)
+        while pos <= last and len(positions) < count:   # bounded by the real backlog
+            if not cursor.is_acknowledged(pos):
+                positions.append(pos)
+            pos = ml.next_position(pos)
+            if len(positions) % 10_000 == 0:
+                await asyncio.sleep(0)                   # a long backlog never stalls the loop
+        if positions:
+            await cursor.delete(positions)
+        skipped = len(positions)
+    sub.after_mark_delete_moved_by_update()              # consumers drop what they held of it
+    return {"skipped": skipped, "markDeletePosition": str(cursor.mark_delete_position)}
+
+
+@verb("topics.last_message_id", topic=TOPIC)
+async def _topics_last_message_id(s: BrokerService, b: dict):
+    """The last entry a consumer can receive (markers skipped), ``-1:-1`` fields when
+    the topic is empty (Pulsar's getLastMessageId, MessageIdImpl's JSON):
+    ``{"ledgerId", "entryId", "partitionIndex"}``. Loads the topic (TopicNotFound
+    when it does not exist and cannot be created)."""
+    tn = _topic(b)
+    last = await (await s.get_topic(tn)).last_message_position()
+    return {"ledgerId": last.ledger_id, "entryId": last.entry_id,
+            "partitionIndex": tn.partition_index}
 
 
 @verb("topics.set_replication_clusters", topic=TOPIC, clusters=CLUSTERS)

@@ -60,6 +60,7 @@ class BrokerService:
         self._last_stats_time = time.monotonic()
         self.started_at = time.time()
         self.service_url = ""  # minipulsar://host:port, set by BrokerServer once the port is bound
+        self.web_service_url = ""  # http(s)://host:port of its REST admin (broker.http), set by BrokerServer
         # bundle ownership and lookup of a broker cluster (set by BrokerServer when the metadata
         # store is shared); None: a standalone broker serves every topic
         self.namespace_service = None

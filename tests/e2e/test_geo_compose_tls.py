@@ -61,7 +61,7 @@ def test_tls_compose_mounts_the_certificates_and_speaks_tls_everywhere():
     assert certs["depends_on"] == {"geo-net": {"condition": "service_started"}}
     ro = f"{host_dir}:{TLS_MOUNT}:ro"
     for name, svc in services.items():
-        if name.startswith(("bookie-", "broker-")) or name == "geo-setup":
+        if name.startswith(("bookie-", "broker-")) or name in ("geo-setup", "geo-dashboard"):
             assert svc["depends_on"][CERTS_SERVICE] == HEALTHY, name
             assert ro in svc["volumes"], name
         elif name != CERTS_SERVICE:
@@ -72,7 +72,7 @@ def test_tls_compose_mounts_the_certificates_and_speaks_tls_everywhere():
             assert "--tls-enabled" in cmd and "--tls-require-trusted-client-cert-on-connect" in cmd
             assert cmd[cmd.index("--tls-trust-certs-file-path") + 1] == f"{TLS_MOUNT}/ca.cert.pem"
             assert svc["volumes"][0].endswith(":/data")
-        if name.startswith("broker-") or name == "geo-setup":
+        if name.startswith("broker-") or name in ("geo-setup", "geo-dashboard"):
             assert svc["command"][-2:] == ["--tls-dir", TLS_MOUNT], name
             assert svc["command"][:-2] == plain["services"][name]["command"], name
         if name.startswith(("bookie-", "broker-")):

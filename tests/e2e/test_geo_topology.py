@@ -206,7 +206,7 @@ def test_compose_has_one_service_per_process_started_in_order():
     topo = load_topology()
     model = compose_model(topo)
     services = model["services"]
-    expected = ["geo-net", "etcd-configuration", "geo-setup"]
+    expected = ["geo-net", "etcd-configuration", "geo-setup", "geo-dashboard"]
     for c in topo.clusters:
         expected += [f"etcd-{c.name}"] + [f"bookie-{c.name}-{i}" for i in range(3)] + \
             [f"broker-{c.name}-{i}" for i in range(2)]
@@ -222,7 +222,10 @@ def test_compose_has_one_service_per_process_started_in_order():
             var = f"MINIPULSAR_PORT_{c.name.upper().replace('-', '_')}_{i}"
             published.append(f"127.0.0.1:${{{var}:-{b.port}}}:${{{var}:-{b.port}}}")
     published += [f"127.0.0.1:{b.pulsar_port}:{b.pulsar_port}" for c in topo.clusters for b in c.brokers]
-    assert net["ports"] == published, "each broker's ports (gRPC, then Pulsar protocol) on the host's 127.0.0.1"
+    # then each broker's web port (REST admin, metrics, its cluster's dashboard) and the geo dashboard's
+    published += [f"127.0.0.1:{b.http_port}:{b.http_port}" for c in topo.clusters for b in c.brokers]
+    published.append("127.0.0.1:8070:8070")
+    assert net["ports"] == published, "each broker's ports (gRPC, Pulsar protocol, web) on the host's 127.0.0.1, under the same number"
     for name, svc in services.items():
         assert svc["network_mode"] == "service:geo-net"
         assert svc["depends_on"].pop("geo-net") == {"condition": "service_started"}
@@ -233,6 +236,10 @@ def test_compose_has_one_service_per_process_started_in_order():
             assert svc["command"][:3] == ["minipulsar", "geo", "setup"] and "--compose" in svc["command"]
             assert set(svc["depends_on"]) == {f"broker-{c.name}-{i}" for c in topo.clusters for i in range(2)}
             assert len(svc["environment"]) == 6
+            continue
+        if name == "geo-dashboard":
+            assert svc["command"][:3] == ["minipulsar", "geo", "dashboard"] and svc["command"][-1] == "8070"
+            assert set(svc["depends_on"]) == {f"broker-{c.name}-{i}" for c in topo.clusters for i in range(2)}
             continue
         test = svc["healthcheck"]["test"]
         assert test[0] == "CMD" and all(" " not in arg for arg in test), test   # podman limit

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import subprocess
 import sys
@@ -115,6 +116,10 @@ async def test_produce_consume_admin_and_metrics_over_tls(tls_standalone, certs)
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"https://127.0.0.1:{http_port}/metrics",
                                                                   context=ctx, timeout=10).read())
     assert b"pulsar_" in body
+    # so does the REST admin API (issue 37), with the topic's stats as the gRPC admin gives them
+    stats_url = f"https://127.0.0.1:{http_port}/admin/v2/persistent/public/default/{topic.rsplit('/', 1)[1]}/stats"
+    rest = await asyncio.to_thread(lambda: urllib.request.urlopen(stats_url, context=ctx, timeout=10).read())
+    assert json.loads(rest)["msgInCounter"] == 20
     with pytest.raises((OSError, ValueError)):  # plain HTTP is refused (connection reset / bad status line)
         await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics",
                                                                timeout=10).read())
