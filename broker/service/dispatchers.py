@@ -615,10 +615,20 @@ class KeySharedDispatcher(Dispatcher):
         return None
 
     def _release_held(self) -> None:
-        md = self.cursor.mark_delete_position
-        for consumer, join_pos in list(self.recently_joined.items()):
-            if md >= Position(join_pos.ledger_id, join_pos.entry_id - 1):
-                del self.recently_joined[consumer]
+        """Release the recently joined consumers whose join position is at or before the
+        position after the mark-delete position, ledger boundaries included (Pulsar's
+        removeConsumersFromRecentJoinedConsumers with ManagedLedgerImpl.getNextValidPosition:
+        a consumer that joined at entry 0 of a new ledger is released once everything of the
+        previous ledger is acknowledged), and all of them when one consumer is left; then move
+        the held positions back to the replay set."""
+        if self.recently_joined:
+            if len(self.consumers) <= 1:
+                self.recently_joined.clear()
+            else:
+                next_to_ack = self.cursor.ml.next_position(self.cursor.mark_delete_position)
+                for consumer, join_pos in list(self.recently_joined.items()):
+                    if join_pos <= next_to_ack:
+                        del self.recently_joined[consumer]
         if self._held:
             self.replay.update(self._held)
             self._held.clear()

@@ -519,3 +519,34 @@ def test_sync_client_consumer_and_reader(standalone):
         consumer.close()
     finally:
         client.close()
+
+
+async def test_key_shared_consumer_joining_at_a_new_ledger_is_released_when_the_previous_one_is_acked(client, admin, topic):
+    """A Key_Shared consumer that joins while the read position is entry 0 of a fresh ledger
+    (everything of the previous ledger acknowledged, topic reloaded) is a recently joined
+    consumer whose join position is right after the mark-delete position across the ledger
+    boundary: it must be released at once (Pulsar's getNextValidPosition), not hold its keys
+    and, behind them, the whole subscription forever."""
+    first = await client.subscribe(topic, "ks", consumer_type=ConsumerType.KeyShared,
+                                   initial_position=InitialPosition.Earliest)
+    producer = await client.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        await producer.send(b"%d" % i, partition_key=f"k{i}")
+    for _ in range(10):
+        await first.acknowledge_and_wait(await first.receive(timeout_millis=5000))
+    await admin.unload_topic(topic)                 # reloaded: a new, empty current ledger
+    await asyncio.sleep(1.0)                        # the first consumer reconnects (and reloads it)
+    stats = await admin.get_internal_stats(topic)
+    assert stats["cursors"]["ks"]["markDeletePosition"].endswith(":9"), stats
+    assert stats["cursors"]["ks"]["readPosition"].endswith(":0"), stats
+    second = await client.subscribe(topic, "ks", consumer_type=ConsumerType.KeyShared)
+    # "k3" first: a key of the second consumer's half of the hash range, so the first entry
+    # of the new ledger is one the recently joined consumer must not get before the release
+    for i in range(10, 42):
+        await producer.send(b"%d" % i, partition_key=f"k{(i - 7) % 16}")
+    got = await asyncio.gather(drain(first, 3000), drain(second, 3000))
+    assert sorted(int(m.data()) for msgs in got for m in msgs) == list(range(10, 42))
+    assert got[0] and got[1], "keys spread over both consumers"
+    await producer.close()
+    for c in (first, second):
+        await c.close()

@@ -30,6 +30,8 @@ class FakeCursor:
         self.mark_delete_position = P(1, -1)
         self.acked: set[Position] = set()
         self.rewinds = 0
+        # one ledger: the position after p is the next entry id (ManagedLedger.next_position)
+        self.ml = SimpleNamespace(next_position=lambda p: P(p.ledger_id, p.entry_id + 1))
 
     def is_acknowledged(self, pos: Position) -> bool:
         return pos <= self.mark_delete_position or pos in self.acked
@@ -175,6 +177,36 @@ def test_key_shared_routes_by_key_and_holds_a_recently_joined_consumers_new_entr
     sub.cursor.mark_delete_position = P(1, 1)
     d.total_permits()
     assert b not in d.recently_joined
+
+
+def test_key_shared_releases_a_consumer_that_joined_at_entry_0_of_a_new_ledger():
+    """Pulsar's removeConsumersFromRecentJoinedConsumers compares the join position with the
+    mark-delete position's next *valid* position: with ledger 1 fully acknowledged (1:9) and
+    the read position at 3:0, a consumer joining there is released, and its key's entry at
+    3:0 goes out (it used to be held for ever, and the whole subscription behind it)."""
+    sub = FakeSubscription()
+    sub.cursor.ml = SimpleNamespace(next_position=lambda p: P(3, 0) if p == P(1, 9) else P(p.ledger_id, p.entry_id + 1))
+    sub.cursor.mark_delete_position = P(1, 9)
+    d = KeySharedDispatcher(sub)
+    a, b = consumer("a"), consumer("b")
+    d.add_consumer(a)
+    sub.cursor.read_position = P(3, 0)
+    d.add_consumer(b)
+    assert b in d.recently_joined
+    d.total_permits()
+    assert b not in d.recently_joined
+    kb = keys_for(d, b, 1)[0]
+    d._dispatch([DispatchItem(P(3, 0), b"x", 1, kb)])
+    assert delivered(b) == [P(3, 0)] and not d._held
+    # one consumer left: nothing is held for a recently joined one (Pulsar clears the map)
+    c = consumer("c")
+    sub.cursor.read_position = P(3, 5)
+    d.add_consumer(c)
+    assert c in d.recently_joined
+    d.remove_consumer(a)
+    d.remove_consumer(b)
+    d.total_permits()
+    assert not d.recently_joined
 
 
 def test_key_shared_keeps_key_order_when_a_consumer_runs_out_of_permits():
