@@ -79,6 +79,7 @@ class ManagedLedger(LedgerPositions):
         self._current_size = 0
         self.last_confirmed: Position = Position(-1, -1)
         self.cursors: dict[str, "ManagedCursor"] = {}  # durable and non-durable
+        self._opening_cursors: dict[str, asyncio.Task] = {}  # Pulsar's uninitializedCursors
         self.cache: EntryCache = factory.cache_manager.new_cache(name, self.cache_eviction_position)
         self._readers: list[weakref.ref] = []   # non-durable cursors (weak: dropped readers vanish), for the cache
         self._queued: list[tuple[bytes, asyncio.Future]] = []
@@ -540,15 +541,29 @@ class ManagedLedger(LedgerPositions):
     async def open_cursor(self, name: str, initial_position: str = "latest",
                           properties: Optional[dict[str, int]] = None) -> "ManagedCursor":
         """Open (recover) or create the durable cursor ``name``; a new cursor starts
-        after the last entry (``latest``) or before the first (``earliest``)."""
+        after the last entry (``latest``) or before the first (``earliest``). Concurrent
+        calls for one name share one open. Raises what ManagedCursor.open_or_create raises."""
         from .managed_cursor import ManagedCursor
 
         cursor = self.cursors.get(name)
         if cursor is not None:
             return cursor
-        cursor = await ManagedCursor.open_or_create(self, name, initial_position, properties)
-        self.cursors[name] = cursor
-        return cursor
+        # Concurrent opens of one cursor (two consumers subscribing at once) share one
+        # open_or_create, as Pulsar's uninitializedCursors: a second create would find the
+        # node the first wrote and take it for another owner's (a fenced managed ledger).
+        opening = self._opening_cursors.get(name)
+        if opening is None:
+            opening = asyncio.ensure_future(ManagedCursor.open_or_create(self, name, initial_position, properties))
+            self._opening_cursors[name] = opening
+
+            def opened(task: asyncio.Task, name: str = name) -> None:
+                if self._opening_cursors.get(name) is task:
+                    del self._opening_cursors[name]
+                if not task.cancelled() and task.exception() is None:
+                    self.cursors.setdefault(name, task.result())
+            opening.add_done_callback(opened)
+        await asyncio.shield(opening)
+        return self.cursors.get(name) or opening.result()
 
     def new_non_durable_cursor(self, start: Position, name: Optional[str] = None,
                                inclusive: bool = True) -> "ManagedCursor":

@@ -550,3 +550,26 @@ async def test_key_shared_consumer_joining_at_a_new_ledger_is_released_when_the_
     await producer.close()
     for c in (first, second):
         await c.close()
+
+
+async def test_consumers_subscribing_at_once_create_one_cursor_and_the_topic_stays_open(client, standalone):
+    """Consumers subscribing to one new subscription at the same moment share one cursor
+    creation (Pulsar's uninitializedCursors); the second creation used to find the node the
+    first had written, took it for another owner's and closed the topic as fenced."""
+    topics = []
+    for _ in range(3):
+        topic = f"persistent://public/default/consumer-it-race-{uuid.uuid4().hex[:10]}"
+        topics.append(topic)
+        consumers = await asyncio.gather(*(client.subscribe(topic, "race", consumer_type=ConsumerType.Shared,
+                                                            initial_position=InitialPosition.Earliest)
+                                           for _ in range(4)))
+        await produce(client, topic, [b"%d" % i for i in range(20)])
+        got = await asyncio.gather(*(drain(c, 1500) for c in consumers))
+        assert sorted(int(m.data()) for msgs in got for m in msgs) == list(range(20))
+        for c in consumers:
+            await c.close()
+    log = standalone.stderr_log.read_text(errors="replace")
+    for topic in topics:
+        name = topic.rsplit("/", 1)[1]
+        bad = [line for line in log.splitlines() if name in line and ("fenced" in line or "taken over" in line)]
+        assert not bad, bad
