@@ -19,7 +19,10 @@ One class per subscription type, as Pulsar's broker:
   sticky key (ordering key, else partition key) modulo 65536 picks the consumer
   owning that range; a consumer that just joined receives nothing beyond the
   read position at its join until everything before it is acknowledged
-  (recentlyJoinedConsumers), so each key stays in order.
+  (recentlyJoinedConsumers), so each key stays in order. When nothing of the
+  replay set can go out (its keys' consumers have no permits) but another
+  consumer has permits, the next read goes on past the replay set
+  (isDispatcherStuckOnReplays), holding new entries of keys still waiting there.
 
 Common loop: replayed positions first, then the cursor; entries that are
 markers are acknowledged and never delivered; entries already acknowledged are
@@ -46,7 +49,6 @@ from broker.ledger.position import Entry, Position
 from broker.replication.markers import is_marker
 from proto.entry_format import peek_metadata
 from proto.errors import CorruptedMessage
-from proto.hashing import murmur3_32_hash
 
 from .consumer import Consumer, DispatchItem
 
@@ -170,6 +172,7 @@ class Dispatcher:
         self._avg_messages_per_entry = 1.0
         self._avg_entry_bytes = float(INITIAL_AVG_ENTRY_BYTES)   # sizes reads to the consumers' room
         self._dispatched = 0
+        self._reading_replay = False                 # the read being dispatched came from the replay set
         self._read_failures = 0  # reads failed in a row (read failure backoff)
         self.paused = False     # during a seek, until its answer went out
         # What the loop is doing now (for stats, to tell where a subscription waits): one of
@@ -263,7 +266,8 @@ class Dispatcher:
                 # ledger returns a whole run of uncached entries whatever max_bytes says).
                 n_entries = max(1, min(self.max_read_batch, int(permits / max(1.0, self._avg_messages_per_entry)),
                                        int(READ_BYTES / max(1.0, self._avg_entry_bytes))))
-                from_replay = bool(self.replay)
+                from_replay = bool(self.replay) and not self._read_past_replay()
+                self._reading_replay = from_replay
                 self.state = "reading"
                 try:
                     if from_replay:
@@ -285,6 +289,8 @@ class Dispatcher:
                 if items:
                     self._dispatch(items)
                 if from_replay and entries and self._dispatched == sent_before:
+                    if self._stuck_on_replay():
+                        continue                 # read on past the replay set (Key_Shared)
                     # Nothing could go out (held keys, no permits): wait for a change.
                     self.state = "waiting for a change"
                     await self._wait(None)
@@ -437,6 +443,16 @@ class Dispatcher:
     def _dispatch(self, items: list[DispatchItem]) -> None:
         raise NotImplementedError
 
+    def _stuck_on_replay(self) -> bool:
+        """Called when a read of the replay set dispatched nothing: True to read new entries
+        next instead of waiting for a change (Key_Shared's isDispatcherStuckOnReplays)."""
+        return False
+
+    def _read_past_replay(self) -> bool:
+        """True to read new entries from the cursor this round although the replay set is
+        not empty (set by :meth:`_stuck_on_replay`); consumed by the call."""
+        return False
+
 
 class SingleActiveConsumerDispatcher(Dispatcher):
     """Exclusive and Failover: one active consumer receives everything."""
@@ -555,111 +571,4 @@ class MultipleConsumersDispatcher(Dispatcher):
                 chunk.append(items[i])
                 permits -= items[i].num_messages
                 i += 1
-            self._send(consumer, chunk)
-
-
-class KeySharedDispatcher(Dispatcher):
-    """Key_Shared with auto-split hash ranges [0, 65536)."""
-
-    uses_delayed_delivery = True
-
-    def __init__(self, subscription: "Subscription"):
-        super().__init__(subscription)
-        self.ranges: list[tuple[int, int, Consumer]] = []   # (start, end inclusive, consumer)
-        self.recently_joined: dict[Consumer, Position] = {}
-        self._held: set[Position] = set()
-
-    def add_consumer(self, consumer: Consumer) -> None:
-        """Attach ``consumer``: the first owns [0, 65535]; a later one takes the upper half of
-        the widest range and gets nothing at/after the current read position until all before
-        it is acknowledged (Pulsar's HashRangeAutoSplitStickyKeyConsumerSelector, recentlyJoinedConsumers)."""
-        if not self.ranges:
-            self.ranges = [(0, HASH_RANGE_SIZE - 1, consumer)]
-        else:
-            idx = max(range(len(self.ranges)), key=lambda k: self.ranges[k][1] - self.ranges[k][0])
-            start, end, owner = self.ranges[idx]
-            mid = (start + end) // 2
-            self.ranges[idx:idx + 1] = [(start, mid, owner), (mid + 1, end, consumer)]
-            self.recently_joined[consumer] = self.cursor.read_position
-        self.consumers.append(consumer)
-        self.wake()
-
-    def remove_consumer(self, consumer: Consumer) -> None:
-        """Detach ``consumer``: each of its hash ranges goes to the owner of the range before
-        it (the one after, for the first range); its pending positions are redelivered as in
-        ``Dispatcher.remove_consumer``."""
-        new_ranges: list[tuple[int, int, Consumer]] = []
-        for start, end, owner in self.ranges:
-            if owner is consumer:
-                if new_ranges:
-                    s, _, o = new_ranges[-1]
-                    new_ranges[-1] = (s, end, o)
-                else:
-                    new_ranges.append((start, end, None))  # fixed below
-            else:
-                if new_ranges and new_ranges[-1][2] is None:
-                    new_ranges[-1] = (new_ranges[-1][0], end, owner)
-                else:
-                    new_ranges.append((start, end, owner))
-        self.ranges = [r for r in new_ranges if r[2] is not None]
-        self.recently_joined.pop(consumer, None)
-        super().remove_consumer(consumer)
-
-    def consumer_for(self, key: bytes) -> Optional[Consumer]:
-        """The owner of the hash range holding ``murmur3_32(key) % 65536``, None when there is
-        no consumer (Pulsar's StickyKeyConsumerSelector.select)."""
-        h = murmur3_32_hash(key) % HASH_RANGE_SIZE
-        for start, end, owner in self.ranges:
-            if start <= h <= end:
-                return owner
-        return None
-
-    def _release_held(self) -> None:
-        """Release the recently joined consumers whose join position is at or before the
-        position after the mark-delete position, ledger boundaries included (Pulsar's
-        removeConsumersFromRecentJoinedConsumers with ManagedLedgerImpl.getNextValidPosition:
-        a consumer that joined at entry 0 of a new ledger is released once everything of the
-        previous ledger is acknowledged), and all of them when one consumer is left; then move
-        the held positions back to the replay set."""
-        if self.recently_joined:
-            if len(self.consumers) <= 1:
-                self.recently_joined.clear()
-            else:
-                next_to_ack = self.cursor.ml.next_position(self.cursor.mark_delete_position)
-                for consumer, join_pos in list(self.recently_joined.items()):
-                    if join_pos <= next_to_ack:
-                        del self.recently_joined[consumer]
-        if self._held:
-            self.replay.update(self._held)
-            self._held.clear()
-
-    def total_permits(self) -> int:
-        """``Dispatcher.total_permits``, after releasing recently joined consumers whose join
-        position is reached by the mark-delete position and moving held positions back to the replay set."""
-        self._release_held()
-        return super().total_permits()
-
-    def _dispatch(self, items: list[DispatchItem]) -> None:
-        per_consumer: dict[Consumer, list[DispatchItem]] = {}
-        permits: dict[Consumer, int] = {}
-        blocked_keys: set[Consumer] = set()
-        for item in items:
-            consumer = self.consumer_for(item.sticky_key)
-            if consumer is None:
-                self._held.add(item.position)
-                continue
-            join_pos = self.recently_joined.get(consumer)
-            if join_pos is not None and item.position >= join_pos:
-                self._held.add(item.position)
-                continue
-            if consumer not in permits:
-                permits[consumer] = consumer.available_permits()
-            if permits[consumer] <= 0 or consumer in blocked_keys:
-                # Keep later entries of this consumer behind the held one: order per key.
-                blocked_keys.add(consumer)
-                self._held.add(item.position)
-                continue
-            per_consumer.setdefault(consumer, []).append(item)
-            permits[consumer] -= item.num_messages
-        for consumer, chunk in per_consumer.items():
             self._send(consumer, chunk)

@@ -26,8 +26,8 @@ from proto.errors import ConsumerBusy, CorruptedMessage, NotAllowed
 from proto import broker_pb2 as pb
 
 from .consumer import Consumer
-from .dispatchers import (Dispatcher, KeySharedDispatcher, MultipleConsumersDispatcher,
-                          SingleActiveConsumerDispatcher, batch_size_of)
+from .dispatcher_key_shared import KeySharedDispatcher
+from .dispatchers import Dispatcher, MultipleConsumersDispatcher, SingleActiveConsumerDispatcher, batch_size_of
 from .errors import InvalidArgument, PreconditionFailed
 
 if TYPE_CHECKING:

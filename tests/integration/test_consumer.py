@@ -573,3 +573,31 @@ async def test_consumers_subscribing_at_once_create_one_cursor_and_the_topic_sta
         name = topic.rsplit("/", 1)[1]
         bad = [line for line in log.splitlines() if name in line and ("fenced" in line or "taken over" in line)]
         assert not bad, bad
+
+
+async def test_key_shared_consumer_that_stops_receiving_does_not_stall_the_others(client, topic):
+    """One Key_Shared consumer stops calling receive (its permits run out, its keys' entries
+    wait in the replay set); the other consumer still gets every message of its keys (Pulsar's
+    isDispatcherStuckOnReplays: read on past the replay set), and when the slow one resumes it
+    gets all of its keys; every key stays on one consumer, in order."""
+    slow = await client.subscribe(topic, "ks", consumer_type=ConsumerType.KeyShared, receiver_queue_size=5)
+    fast = await client.subscribe(topic, "ks", consumer_type=ConsumerType.KeyShared, receiver_queue_size=5)
+    producer = await client.create_producer(topic, batching_enabled=False)
+    for i in range(200):
+        await producer.send(b"%d" % i, partition_key=f"k{i % 16}")
+    fast_msgs = await drain(fast, 3000)
+    fast_keys = {m.partition_key() for m in fast_msgs}
+    assert fast_keys, "the fast consumer owns some keys"
+    assert len(fast_msgs) == sum(1 for i in range(200) if f"k{i % 16}" in fast_keys), \
+        f"the fast consumer got {len(fast_msgs)} messages of keys {sorted(fast_keys)} while the slow one waited"
+    slow_msgs = await drain(slow, 3000)
+    assert not fast_keys & {m.partition_key() for m in slow_msgs}, "a key on two consumers"
+    assert sorted(int(m.data()) for m in fast_msgs + slow_msgs) == list(range(200))
+    for msgs in (fast_msgs, slow_msgs):
+        per_key: dict[str, list[int]] = {}
+        for m in msgs:
+            per_key.setdefault(m.partition_key(), []).append(int(m.data()))
+        assert all(seq == sorted(seq) for seq in per_key.values()), "order per key"
+    await producer.close()
+    for c in (slow, fast):
+        await c.close()

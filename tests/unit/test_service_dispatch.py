@@ -15,8 +15,9 @@ import pytest
 
 from broker.ledger.position import Entry, Position
 from broker.service.consumer import Consumer, DispatchItem
-from broker.service.dispatchers import (HASH_RANGE_SIZE, Dispatcher, KeySharedDispatcher,
-                                        MultipleConsumersDispatcher, SingleActiveConsumerDispatcher)
+from broker.service.dispatcher_key_shared import KeySharedDispatcher
+from broker.service.dispatchers import (HASH_RANGE_SIZE, Dispatcher, MultipleConsumersDispatcher,
+                                        SingleActiveConsumerDispatcher)
 from proto import pulsar_api_pb2
 from proto.entry_format import encode_entry
 from proto.hashing import murmur3_32_hash
@@ -207,6 +208,45 @@ def test_key_shared_releases_a_consumer_that_joined_at_entry_0_of_a_new_ledger()
     d.remove_consumer(b)
     d.total_permits()
     assert not d.recently_joined
+
+
+def test_key_shared_reads_past_a_stuck_replay_set_and_keeps_each_keys_order():
+    """Pulsar's isDispatcherStuckOnReplays: ``a`` has no permits, its key's entry waits in
+    the replay set, ``b`` has permits: the next read goes past the replay set; there ``b``'s
+    key goes out, and a newer entry of ``a``'s key is held behind the older one even once
+    ``a`` has permits again (order per key), then both go out in order from the replay set."""
+    sub = FakeSubscription()
+    d = KeySharedDispatcher(sub)
+    a, b = consumer("a", permits=0), consumer("b")
+    d.add_consumer(a)
+    d.add_consumer(b)
+    d.recently_joined.clear()
+    ka, kb = keys_for(d, a, 1)[0], keys_for(d, b, 1)[0]
+    d._reading_replay = False
+    d._dispatch([DispatchItem(P(1, 0), b"x", 1, ka)])       # a: no permits -> held
+    d.total_permits()                                        # held -> replay set
+    assert list(d.replay) == [P(1, 0)]
+    d._reading_replay = True
+    d._dispatch([DispatchItem(P(1, 0), b"x", 1, ka)])        # replay read: still nothing goes out
+    d.total_permits()
+    assert d._stuck_on_replay() and d._read_past_replay() and not d._read_past_replay()
+    a.add_permits(10)                                        # a could take it now, but...
+    d._reading_replay = False                                # ...this round reads new entries
+    d._dispatch([DispatchItem(P(1, 1), b"x", 1, kb), DispatchItem(P(1, 2), b"x", 1, ka)])
+    assert delivered(b) == [P(1, 1)]
+    assert delivered(a) == [] and d._held == {P(1, 2)}       # behind 1:0 of the same key
+    d.total_permits()
+    d._reading_replay = True
+    d._dispatch([DispatchItem(P(1, 0), b"x", 1, ka), DispatchItem(P(1, 2), b"x", 1, ka)])
+    assert delivered(a) == [P(1, 0), P(1, 2)]
+    # no consumer with permits: waiting, not reading on
+    sub2 = FakeSubscription()
+    d2 = KeySharedDispatcher(sub2)
+    c = consumer("c", permits=0)
+    d2.add_consumer(c)
+    d2._dispatch([DispatchItem(P(1, 0), b"x", 1, b"k")])
+    d2.total_permits()
+    assert not d2._stuck_on_replay()
 
 
 def test_key_shared_keeps_key_order_when_a_consumer_runs_out_of_permits():

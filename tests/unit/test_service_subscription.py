@@ -11,8 +11,8 @@ import pytest
 
 from broker.ledger.position import Position
 from broker.service.consumer import Consumer, DispatchItem
-from broker.service.dispatchers import (KeySharedDispatcher, MultipleConsumersDispatcher,
-                                        SingleActiveConsumerDispatcher)
+from broker.service.dispatcher_key_shared import KeySharedDispatcher
+from broker.service.dispatchers import MultipleConsumersDispatcher, SingleActiveConsumerDispatcher
 from broker.service.errors import InvalidArgument, PreconditionFailed
 from broker.service.subscription import CHUNK, REPLICATED_PROPERTY, Subscription
 from proto import broker_pb2 as pb
