@@ -239,7 +239,7 @@ def test_the_geo_dashboard_shows_the_clusters_live_and_a_broker_failover(stack, 
         assert demo.poll() is None, "the replay still runs"
 
         state = page.wait("a publish rate above zero in every cluster",
-                         lambda s: {p["series"] for p in s["plots"]["plot-rate-in"] if p["max"] > 0} == set(CLUSTERS)
+                         lambda s: {p["series"] for p in s["plots"]["plot-rate-in"] if (p["max"] or 0) > 0} == set(CLUSTERS)
                          and s, 20)
         pairs = {f"{a} → {b}" for a in CLUSTERS for b in CLUSTERS if a != b}
         state = page.wait("the replication-lag plot drawing a line per cluster pair",
