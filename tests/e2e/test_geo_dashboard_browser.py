@@ -206,7 +206,7 @@ def test_the_geo_dashboard_shows_the_clusters_live_and_a_broker_failover(stack, 
     tmp, data, topo = stack
     t0 = time.monotonic()
     page = Page(browser)
-    demo = None
+    demo = demo_log = None
     try:
         # one broker's own page: its cluster only
         west = next(c for c in topo.clusters if c.name == "us-west")
@@ -284,3 +284,5 @@ def test_the_geo_dashboard_shows_the_clusters_live_and_a_broker_failover(stack, 
         if demo is not None and demo.poll() is None:
             demo.kill()
             demo.wait()
+        if demo_log is not None:
+            demo_log.close()
