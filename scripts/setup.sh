@@ -5,7 +5,10 @@
 # is installed; otherwise a line says what to install. Broker clusters (and their
 # tests) need an etcd server: when no `etcd` is on the PATH, Debian's etcd-server
 # is installed the same way (the service it may start is stopped: tests start
-# their own etcd on free ports).
+# their own etcd on free ports). The live dashboard's browser test drives headless
+# Chromium: when `chromium` or `chromedriver` is missing, Debian's chromium and
+# chromium-driver are installed the same way (a failed install only says so: the
+# test then skips, naming what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +39,18 @@ if ! command -v etcd >/dev/null 2>&1; then
     fi
   else
     echo "setup: etcd not found; broker clusters and their tests need it: sudo apt-get install etcd-server" >&2
+  fi
+fi
+
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing headless Chromium for the dashboard's browser test (chromium, chromium-driver)"
+    if ! { apt-get update -qq >/dev/null &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }; then
+      echo "setup: chromium / chromium-driver could not be installed; the dashboard's browser test will skip" >&2
+    fi
+  else
+    echo "setup: chromium not found; the dashboard's browser test needs it: sudo apt-get install chromium chromium-driver" >&2
   fi
 fi
 

@@ -3,7 +3,8 @@ Grafana show, without either): ``/dashboard`` (the page, with its script and sty
 under ``/dashboard/static/``), ``/dashboard/cluster`` (one snapshot of this broker's
 cluster, JSON, see ``dashboard_model``), ``/dashboard/events`` (server-sent events: a
 snapshot every ``interval`` seconds, default 1), ``/dashboard/local`` (this broker's
-own topics; the broker building a cluster snapshot asks every live broker for it).
+own topics and the bundles it owns now; the broker building a cluster snapshot asks
+every live broker for it).
 
 Snapshots are built only while someone asks (a page open, a poller): a closed
 dashboard costs the broker nothing. With authentication on, the dashboard needs a
@@ -26,7 +27,7 @@ from aiohttp import web
 from .dashboard_model import BrokerMemory, broker_row, cluster_snapshot, topic_summary
 from .edge import json_response, service_of
 
-__all__ = ["routes", "setup", "STATIC_DIR", "local_topics", "build_snapshot"]
+__all__ = ["routes", "setup", "STATIC_DIR", "local_topics", "local_view", "build_snapshot"]
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -100,10 +101,25 @@ def local_topics(service) -> list[dict]:
     return out
 
 
+def local_view(service) -> dict:
+    """What this broker serves now: ``{"topics": [topic summaries], "bundles": {bundle:
+    {"topics": n}} or None}``: the bundles it owns at this moment (Pulsar's owned
+    bundles; None for a standalone broker), fresher than its load report, which is
+    written every ``load_balancer_report_update_min_interval_millis`` (5 s), so a
+    takeover shows within one snapshot."""
+    ns = getattr(service, "namespace_service", None)
+    bundles = None
+    if ns is not None:
+        names = [(str(t), str(t).split("://", 1)[-1].rsplit("/", 1)[0]) for t in list(service.topics)]
+        bundles = {key: {"topics": sum(1 for t, t_ns in names if t_ns == bundle.namespace and bundle.contains(t))}
+                   for key, bundle in list(ns.owned.items())}
+    return {"topics": local_topics(service), "bundles": bundles}
+
+
 @routes.get("/dashboard/local")
 async def local(request: web.Request) -> web.Response:
     await check_access(request)
-    return json_response(local_topics(service_of(request)))
+    return json_response(local_view(service_of(request)))
 
 
 def _client_ssl(config) -> Optional[ssl.SSLContext]:
@@ -115,7 +131,7 @@ def _client_ssl(config) -> Optional[ssl.SSLContext]:
     return ctx
 
 
-async def _peer_topics(app: web.Application, web_url: str, headers: dict, config) -> list[dict]:
+async def _peer_view(app: web.Application, web_url: str, headers: dict, config) -> dict:
     session = app.get(SESSION_KEY)
     if session is None:
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S))
@@ -123,13 +139,15 @@ async def _peer_topics(app: web.Application, web_url: str, headers: dict, config
     async with session.get(f"{web_url}/dashboard/local", headers=headers, ssl=_client_ssl(config)) as r:
         if r.status != 200:
             raise RuntimeError(f"{web_url} answered {r.status}")
-        return await r.json()
+        view = await r.json()
+        return {"topics": view, "bundles": None} if isinstance(view, list) else view   # a broker of before
 
 
 async def build_snapshot(request: web.Request) -> dict:
     """This broker's cluster now: brokers from their load reports (this broker alone when
-    standalone), each live broker's topics (asked in parallel; one that does not answer in
-    PEER_TIMEOUT_S is shown down), brokers seen before and gone marked down."""
+    standalone), each live broker's topics and owned bundles (``local_view``, asked in
+    parallel; one that does not answer in PEER_TIMEOUT_S is shown down, with the bundles of
+    its last load report), brokers seen before and gone marked down."""
     service = service_of(request)
     ns = getattr(service, "namespace_service", None)
     if ns is None:
@@ -144,19 +162,22 @@ async def build_snapshot(request: web.Request) -> dict:
         reports, leader = [r.to_json() for r in await ns.live_brokers()], await ns.leader_url()
     headers = _token_header(request)
 
-    async def topics_of(report: dict) -> list[dict]:
+    async def view_of(report: dict) -> dict:
         if report["service_url"] == service.service_url:
-            return local_topics(service)
-        return await _peer_topics(request.app, report.get("web_service_url", ""), headers, service.config)
+            return local_view(service)
+        return await _peer_view(request.app, report.get("web_service_url", ""), headers, service.config)
 
-    answers = await asyncio.gather(*(topics_of(r) for r in reports), return_exceptions=True)
-    topics, unreachable = [], []
+    answers = await asyncio.gather(*(view_of(r) for r in reports), return_exceptions=True)
+    topics, unreachable, rows = [], [], []
     for report, answer in zip(reports, answers):
         if isinstance(answer, BaseException):
             unreachable.append(report["service_url"].split("://", 1)[-1])
         else:
-            topics.extend(answer)
-    brokers = request.app[MEMORY_KEY].merge([broker_row(r, leader) for r in reports], unreachable)
+            topics.extend(answer["topics"])
+            if answer.get("bundles") is not None:
+                report = dict(report, bundles=answer["bundles"])
+        rows.append(broker_row(report, leader))
+    brokers = request.app[MEMORY_KEY].merge(rows, unreachable)
     return cluster_snapshot(service.config.cluster_name, int(time.time() * 1000), brokers, topics)
 
 

@@ -68,7 +68,7 @@ class BrokerMemory:
         for row in live:
             row = dict(row)
             if row["id"] in unreachable:
-                row.update(status="down", cpu=0.0, msg_rate_in=0.0, msg_rate_out=0.0)
+                row.update(status="down", leader=False, cpu=0.0, msg_rate_in=0.0, msg_rate_out=0.0)
             rows[row["id"]] = row
             self.seen[row["id"]] = row
         for bid, row in self.seen.items():

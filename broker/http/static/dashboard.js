@@ -7,6 +7,9 @@ const HISTORY = 120;                       // points kept per series (2 minutes 
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
 const series = {"plot-rate-in": {}, "plot-rate-out": {}, "plot-lag": {}, "plot-repl-backlog": {}};
 const colorOf = {};
+const MOVED_SHOWN_MS = 60000;              // a bundle that moved stays highlighted this long
+const lastOwner = {};                      // "cluster bundle" -> the broker that owned it last
+const movedAt = {};                        // "cluster bundle" -> when it was seen on a new owner (ms)
 let previous = null;                       // the last snapshot, to log what changed
 let updates = 0;
 
@@ -45,7 +48,7 @@ function drawPlot(id) {
   const points = all.flatMap(([, s]) => s);
   if (!points.length) { root.append(svg("text", {x: L, y: H / 2})); root.lastChild.textContent = "no data yet"; return; }
   const t0 = Math.min(...points.map(p => p[0])), t1 = Math.max(...points.map(p => p[0]), t0 + 1);
-  const vmax = Math.max(1e-9, ...points.map(p => p[1])) * 1.1;
+  const vmax = (Math.max(0, ...points.map(p => p[1])) || 1) * 1.1;
   const x = t => L + (W - L - 6) * (t - t0) / (t1 - t0), y = v => H - B - (H - B - T) * v / vmax;
   root.append(svg("line", {class: "axis", x1: L, y1: H - B, x2: W - 6, y2: H - B}),
               svg("line", {class: "axis", x1: L, y1: T, x2: L, y2: H - B}));
@@ -54,12 +57,15 @@ function drawPlot(id) {
   for (const [lx, ly, text, anchor] of labels) {
     const tx = svg("text", {x: lx, y: ly, "text-anchor": anchor}); tx.textContent = text; root.append(tx);
   }
-  let lx = L + 4;
+  let lx = L + 4, ly = 11;
   for (const [key, s] of all) {
-    root.append(svg("polyline", {"data-series": key, "data-points": s.length, stroke: color(key),
+    root.append(svg("polyline", {"data-series": key, "data-points": s.length, "data-last": s[s.length - 1][1],
+                                 "data-max": Math.max(...s.map(p => p[1])), style: `stroke: ${color(key)}`,
                                  points: s.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ")}));
-    const tx = svg("text", {x: lx, y: 11, fill: color(key)}); tx.textContent = `■ ${key} ${fmt(s[s.length - 1][1])}`;
-    root.append(tx); lx += 14 + 6.2 * tx.textContent.length;
+    const label = `■ ${key} ${fmt(s[s.length - 1][1])}`, width = 14 + 6.2 * label.length;
+    if (lx > L + 4 && lx + width > W) { lx = L + 4; ly += 12; }   // legend wraps instead of running off
+    const tx = svg("text", {x: lx, y: ly, class: "legend", style: `fill: ${color(key)}`}); tx.textContent = label;
+    root.append(tx); lx += width;
   }
 }
 
@@ -76,29 +82,38 @@ function diff(prev, snap) {
     const p = before.get(c.name);
     if (!p) { logEvent(`cluster ${c.name} appeared`); continue; }
     const ps = new Map(p.brokers.map(b => [b.id, b]));
-    const owner = {};
-    for (const b of p.brokers) for (const bundle of Object.keys(b.bundles)) owner[bundle] = b.id;
     for (const b of c.brokers) {
       const was = ps.get(b.id);
       if (!was) logEvent(`${c.name}: broker ${b.id} joined`);
       else if (was.status !== b.status) logEvent(`${c.name}: broker ${b.id} is ${b.status}`);
-      for (const bundle of Object.keys(b.bundles))
-        if (owner[bundle] && owner[bundle] !== b.id) logEvent(`${c.name}: bundle ${bundle} moved ${owner[bundle]} → ${b.id}`);
     }
   }
+}
+
+// Bundles owned now by another broker than the one that owned them last (in the same
+// cluster: every cluster has the same bundle names), logged once; returns the keys
+// ("cluster bundle") moved in the last MOVED_SHOWN_MS.
+function trackOwners(snap) {
+  const now = Date.now();
+  for (const c of snap.clusters) for (const b of c.brokers) {
+    if (b.status !== "up") continue;
+    for (const bundle of Object.keys(b.bundles)) {
+      const key = `${c.name} ${bundle}`, last = lastOwner[key];
+      if (last && last !== b.id) {
+        logEvent(`${c.name}: bundle ${bundle} moved ${last} → ${b.id}`);
+        movedAt[key] = now;
+      }
+      lastOwner[key] = b.id;
+    }
+  }
+  return new Set(Object.keys(movedAt).filter(k => now - movedAt[k] < MOVED_SHOWN_MS));
 }
 
 function render(snap) {
   updates += 1;
   const t = snap.time_ms;
-  const moved = new Set();
-  if (previous) {
-    const owner = {};
-    for (const c of previous.clusters) for (const b of c.brokers) for (const bundle of Object.keys(b.bundles)) owner[bundle] = b.id;
-    for (const c of snap.clusters) for (const b of c.brokers) for (const bundle of Object.keys(b.bundles))
-      if (owner[bundle] && owner[bundle] !== b.id) moved.add(bundle);
-  }
   diff(previous, snap);
+  const moved = trackOwners(snap);
   // cluster cards and their series
   const cards = document.getElementById("clusters");
   cards.replaceChildren();
@@ -129,7 +144,7 @@ function render(snap) {
   for (const c of snap.clusters) for (const b of c.brokers) {
     const bundles = el("td", {class: "bundles"});
     for (const [bundle, n] of Object.entries(b.bundles).sort())
-      bundles.append(el("span", {class: "bundle" + (moved.has(bundle) ? " moved" : ""), "data-bundle": bundle},
+      bundles.append(el("span", {class: "bundle" + (moved.has(`${c.name} ${bundle}`) ? " moved" : ""), "data-bundle": bundle},
                         `${bundle} (${n})`));
     brokers.append(el("tr", {class: b.status + (b.leader ? " leader" : ""), "data-cluster": c.name, "data-broker": b.id,
                              "data-status": b.status, "data-bundles": Object.keys(b.bundles).length},
