@@ -94,7 +94,8 @@ class BrokerConfig(ManagedLedgerSettings):
     # (their clusters create --auth-params); with authorization off every role may (issue 32)
     replicator_roles: list[str] = dataclasses.field(default_factory=list)
     # Pulsar's authenticateMetricsEndpoint: /metrics (every tenant's topic names) needs a token (Authorization:
-    # Bearer) of a superuser role, as newer Pulsar versions check; off by default (as in Pulsar)
+    # Bearer) of a superuser role, as newer Pulsar versions check (any valid token with authorization off);
+    # off by default (as in Pulsar); needs authentication_enabled
     authenticate_metrics_endpoint: bool = False
     broker_client_authentication_plugin: str = ""
     broker_client_authentication_parameters: str = ""
