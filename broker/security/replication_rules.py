@@ -3,9 +3,8 @@ pure decisions, no I/O, called from the service layer (``service.edge_commands
 .open_producer`` and ``PersistentTopic.publish``) so the gRPC edge and the Pulsar
 binary protocol edge apply the same rules.
 
-- **Markers are server-only** (Pulsar's ``Markers``: marker types are written by
-  brokers, ``Commands.hasMarkerType`` entries from clients are never stored as
-  such): an entry whose MessageMetadata carries ``marker_type`` is accepted only
+- **Markers are server-only** (Pulsar's ``Markers``: marker entries are written by
+  the broker): an entry whose MessageMetadata carries ``marker_type`` is accepted only
   from a replicator producer forwarding a remote's marker (stamped with its
   ``replicated_from``, PIP-33), whatever the security settings.
 - **``replicated_from`` comes from replicators only**: with authentication on, an
