@@ -106,9 +106,11 @@ def test_case1_a_produce_only_role_cannot_empty_a_replicated_subscription_with_a
 
 def test_case1_forged_replicated_from_cannot_poison_the_replicators_deduplication(stack):
     """Before: a produce-only role's entry with ``replicated_from = elsewhere`` and a huge
-    source position was stored under the key of producer ``pulsar.repl.elsewhere``: the
-    real replicator's next entries were answered as duplicates (-1:-1) and lost. Now
-    refused (AuthorizationError); the replicator role's entry is stored."""
+    source position was stored; once the topic reloaded (unload, restart, new owner) its
+    deduplication state, replayed from the entries, credited it to producer
+    ``pulsar.repl.elsewhere``: the real replicator's next entries were answered as
+    duplicates (-1:-1) and lost. Now refused (AuthorizationError); the replicator role's
+    entry is stored after the reload."""
     _geo_namespace(stack, "geo-two/ns")
     topic = "persistent://geo-two/ns/flights"
     huge = 2 ** 30
@@ -117,6 +119,7 @@ def test_case1_forged_replicated_from_cannot_poison_the_replicators_deduplicatio
     got = produce(stack, "attacker", topic, [forged], first_seq=2 ** 62)
     assert got[0][:2] == ("error", "AuthorizationError"), got
     assert "replicated_from" in got[0][2] and "geo-replicators only" in got[0][2]
+    admin_call(stack, "admin", "topics.unload", topic=topic)   # deduplication state replayed from the entries
     real = entry(1, b"real", replicated_from="elsewhere", replicated_source_ledger_id=3,
                  replicated_source_entry_id=0)
     got = produce(stack, "replicator", topic, [real], producer_name="pulsar.repl.elsewhere", is_replicator=True,
