@@ -19,7 +19,6 @@ listed by ``test_matrix_lists_its_cases`` (run with ``-s``) and by their ids.
 """
 from __future__ import annotations
 
-import json
 import ssl
 import urllib.error
 import urllib.request
@@ -290,4 +289,3 @@ def test_matrix_lists_its_cases():
         print(f"{row:58s} {caller:11s} {expected}")
     print(f"{len(rows)} cases: {len(RPC_ROWS)} RPC rows and {len(VERBS)} admin verbs x {len(ROLES)} callers")
     assert len(rows) == len(list(_rpc_cases())) + len(VERBS) * len(ROLES)
-    json.dumps(rows)
