@@ -89,6 +89,14 @@ class BrokerConfig(ManagedLedgerSettings):
     superuser_roles: list[str] = dataclasses.field(default_factory=list)
     authorization_enabled: bool = False
     authentication_refresh_check_seconds: int = 60
+    # roles that may act as geo-replicators here besides the superusers (a producer named pulsar.repl.<cluster>
+    # or with is_replicator, entries with replicated_from): the roles remote clusters' replicators present
+    # (their clusters create --auth-params); with authorization off every role may (issue 32)
+    replicator_roles: list[str] = dataclasses.field(default_factory=list)
+    # Pulsar's authenticateMetricsEndpoint: /metrics (every tenant's topic names) needs a token (Authorization:
+    # Bearer) of a superuser role, as newer Pulsar versions check (any valid token with authorization off);
+    # off by default (as in Pulsar); needs authentication_enabled
+    authenticate_metrics_endpoint: bool = False
     broker_client_authentication_plugin: str = ""
     broker_client_authentication_parameters: str = ""
     bookkeeper_client_authentication_plugin: str = ""
@@ -266,6 +274,9 @@ class BrokerConfig(ManagedLedgerSettings):
         if self.authorization_enabled and not self.authentication_enabled:
             problems.append("authorization_enabled = true needs authentication_enabled = true "
                             "(roles come from the authenticated tokens)")
+        if self.authenticate_metrics_endpoint and not self.authentication_enabled:
+            problems.append("authenticate_metrics_endpoint = true needs authentication_enabled = true "
+                            "(the metrics endpoint checks the caller's token)")
         if self.authentication_enabled:
             from broker.security.authentication import AuthenticationService
             from broker.security.tokens import TokenError

@@ -22,7 +22,7 @@ from .service.consumer import Consumer, ConsumerWriter
 from .service.error_edge import to_pulsar
 from .service.errors import InvalidArgument, ServiceNotReady
 from .service.resources import check_subscription_name
-from .service.edge_commands import apply_ack, apply_redeliver, seek_target, submit_send
+from .service.edge_commands import apply_ack, apply_redeliver, open_producer, seek_target, submit_send
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ class PulsarBrokerServicer(broker_pb2_grpc.PulsarBrokerServicer):
         try:
             who = await self._authorize_topic(context, create.topic, "produce")
             topic = await self.service.get_topic(create.topic)
-            producer = topic.add_producer(create.producer_name, create.is_replicator)
-            producer.auth = who  # re-checked by BrokerSecurity.sweep (expiry, revoked permission)
+            # the replicator identity is reserved; auth re-checked by BrokerSecurity.sweep
+            producer = await open_producer(self.service, topic, create.producer_name, create.is_replicator, who)
         except Exception as exc:
             await abort_with(context, exc)
             return

@@ -24,10 +24,11 @@ import logging
 import time
 from typing import Any, Optional
 
-from proto.errors import AuthorizationError, ServiceNotReady
+from proto.errors import AuthenticationError, AuthorizationError, ServiceNotReady
 
 from .authentication import AuthenticationResult, AuthenticationService
 from .authorization import AuthorizationService
+from .replication_rules import may_replicate
 
 __all__ = ["BrokerSecurity"]
 
@@ -70,6 +71,34 @@ class BrokerSecurity:
 
     def _role(self, who: Optional[AuthenticationResult]) -> Optional[str]:
         return None if who is None else who.role
+
+    # ---- replicator identity (``replication_rules``, issue 32) --------------
+    def may_replicate(self, who: Optional[AuthenticationResult]) -> bool:
+        """Whether ``who`` may act as a geo-replicator (producer ``pulsar.repl.*`` /
+        ``is_replicator``): always with authorization off, else a superuser or one of
+        ``replicator_roles``."""
+        return may_replicate(self._role(who), self.authorization is not None, self.config.superuser_roles,
+                             getattr(self.config, "replicator_roles", ()))
+
+    @property
+    def checks_origin(self) -> bool:
+        """Whether ``replicated_from`` is reserved to replicator producers (authentication
+        on: roles exist); off, brokers replicate anonymously and any producer may set it."""
+        return self.authentication is not None
+
+    def check_metrics(self, headers: list) -> None:
+        """``/metrics`` with ``authenticate_metrics_endpoint`` on (Pulsar's
+        authenticateMetricsEndpoint): ``headers`` (``[("authorization", "Bearer ...")]``)
+        must carry a valid token (AuthenticationError) of a superuser role
+        (AuthorizationError; with authorization off any authenticated role). No-op when off."""
+        if not getattr(self.config, "authenticate_metrics_endpoint", False):
+            return
+        if self.authentication is None:
+            raise AuthenticationError("authenticate_metrics_endpoint needs authentication_enabled")
+        who = self.authentication.authenticate(headers)
+        if self.authorization is not None and not self.authorization.is_superuser(who.role):
+            raise AuthorizationError(f"/metrics lists every tenant's topics: it needs a superuser role "
+                                     f"(superuser_roles); role {who.role!r} is not one")
 
     async def check_topic(self, who: Optional[AuthenticationResult], topic, action: str,
                           subscription: Optional[str] = None) -> None:

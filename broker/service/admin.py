@@ -19,6 +19,7 @@ import json
 from typing import Any, Awaitable, Callable, Optional
 
 from broker.ledger.position import Position
+from broker.security.replication_rules import check_clusters_for_tenant
 from proto.errors import NotAllowed
 from proto.topic_name import TopicName
 
@@ -326,11 +327,7 @@ async def _ns_clusters(s: BrokerService, b: dict):
     if unknown:
         raise NotFound(f"unknown cluster(s) {', '.join(unknown)}; register them first with: "
                        f"minipulsar-admin clusters create NAME --url minipulsar://HOST:PORT")
-    not_allowed = [c for c in clusters if c not in tenant.get("allowed_clusters", [])]
-    if not_allowed:
-        raise InvalidArgument(f"cluster(s) {', '.join(not_allowed)} are not allowed for tenant {ns.split('/')[0]} "
-                              f"(allowed: {', '.join(tenant.get('allowed_clusters', []))}); "
-                              f"update it with: minipulsar-admin tenants update")
+    check_clusters_for_tenant(clusters, ns.split("/")[0], tenant)    # Pulsar's validateClusterForTenant
     return await _update_policies(s, ns, replication_clusters=list(clusters))
 
 
@@ -675,6 +672,8 @@ async def _topics_set_repl(s: BrokerService, b: dict):
     unknown = [c for c in clusters if c not in known]
     if unknown:
         raise NotFound(f"unknown cluster(s) {', '.join(unknown)}")
+    # Pulsar's validateClusterForTenant, as the namespace verb: a tenant admin replicates only within its tenant
+    check_clusters_for_tenant(clusters, tn.tenant, await s.resources.get_tenant(tn.tenant))
     base = tn.partitioned_topic_name.persistence_naming
     tp = await s.resources.get_topic_policies(base)
     tp["replication_clusters"] = clusters

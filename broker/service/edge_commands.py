@@ -22,6 +22,37 @@ log = logging.getLogger(__name__)
 Reply = Callable[[int, Optional[BaseException]], None]
 
 
+async def open_producer(service, topic, name: Optional[str], is_replicator: bool, who):
+    """Register a producer of ``topic`` for the caller ``who`` (its
+    AuthenticationResult; None with authentication off), both wire edges' handleProducer
+    after the produce permission was checked. The replicator identity (``pulsar.repl.``
+    name, ``is_replicator``) needs a role that may replicate
+    (``security.replication_rules.check_producer_identity``: AuthorizationError);
+    then ``topic.add_producer`` (ProducerBusy, ServiceNotReady). The producer keeps
+    ``auth`` (re-checked by BrokerSecurity.sweep) and what ``publish`` checks per entry:
+    ``origin_checked`` (authentication on: only replicators set ``replicated_from``)
+    and ``allowed_clusters`` (with authorization on, the tenant's allowed clusters
+    bounding a client's ``replicate_to``; None: not checked)."""
+    from broker.security.replication_rules import check_producer_identity
+
+    security = getattr(service, "security", None)
+    enabled = security is not None and security.enabled
+    check_producer_identity(name, is_replicator, None if who is None else who.role,
+                            security.may_replicate(who) if enabled else True)
+    allowed = None
+    if enabled and security.authorization is not None and not is_replicator:
+        try:
+            info = await service.resources.get_tenant(topic.name.tenant)
+            allowed = frozenset(info.get("allowed_clusters") or ())
+        except Exception:  # noqa: BLE001 - no tenant (auto-created topic of a deleted tenant): nothing allowed
+            allowed = frozenset()
+    producer = topic.add_producer(name, is_replicator)
+    producer.auth = who
+    producer.origin_checked = enabled and security.checks_origin
+    producer.allowed_clusters = allowed
+    return producer
+
+
 def submit_send(topic, producer, send: pb.Send) -> Union["asyncio.Future[Position]", BaseException, None]:
     """Hand one Send (one entry) of ``producer`` to ``topic.publish``; returns the
     future of its Position (Position(-1, -1) for a duplicate), the exception that

@@ -13,6 +13,7 @@ from broker.ledger.errors import ManagedLedgerError, ManagedLedgerFencedError
 from broker.ledger.managed_ledger import ManagedLedger
 from broker.ledger.position import Position
 from broker.replication.markers import MarkerIndex, is_marker
+from broker.security.replication_rules import check_entry_origin
 from proto.entry_format import peek_metadata, verify_checksum
 from proto.errors import CorruptedMessage, MessageTooBig, ProducerBusy
 from proto.topic_name import TopicName
@@ -65,6 +66,10 @@ class BrokerProducer:
         self.bytes_in_counter = 0
         self.connected_since_ms = int(time.time() * 1000)
         self.closed = False
+        # set by edge_commands.open_producer (issue 32): replicated_from reserved to replicators (auth on),
+        # the tenant's allowed clusters bounding replicate_to (None: unchecked)
+        self.origin_checked = False
+        self.allowed_clusters: Optional[frozenset] = None
         self.failed = False    # a stream stores nothing more after a send failed with a retriable error
         # Set by the transport: ends the producer's stream after its in-flight sends
         # are answered (Pulsar's Producer.disconnect), so the client looks up again.
@@ -266,6 +271,8 @@ class PersistentTopic:
                                   f"writes before accepting sends again; retry")
         verify_checksum(data)
         md = peek_metadata(data)
+        check_entry_origin(md, producer.name, producer.is_replicator, producer.origin_checked,
+                           producer.allowed_clusters)   # markers, replicated_from, replicate_to (issue 32)
         highest = max(send.sequence_id, send.highest_sequence_id)
         # A chunked message is deduplicated on its last chunk (Pulsar #20948); a replicator's
         # sends always per entry, chunks included (its sequence id is the source position).

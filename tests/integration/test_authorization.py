@@ -165,3 +165,12 @@ async def test_admin_cli_grants_and_lists_permissions(secure):
     out = subprocess.run(base + ["namespaces", "grant-permission", NS, "--role", "x", "--actions", "delete"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "unknown action" in out.stderr
+
+
+def test_metrics_endpoint_is_not_authenticated_by_default(secure):
+    """``authenticate_metrics_endpoint`` is off by default (as Pulsar's): /metrics answers
+    without a token (tests/integration/test_hostile_tenants_broker.py covers it on)."""
+    import urllib.request
+    _, broker = secure
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/metrics", timeout=20) as resp:
+        assert resp.status == 200 and b"# TYPE" in resp.read()

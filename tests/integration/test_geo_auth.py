@@ -2,9 +2,10 @@
 and the last bullet of section 4): each cluster has its own secret key; each
 registers the other with the credentials its replicators use there
 (``clusters create ... authentication_parameters``, a token signed by the
-remote's key for a role that is *not* a superuser there, granted ``produce``
-on the namespace). Messages produced in both clusters are replicated exactly
-once each way, as without security; without the grant, replication is refused."""
+remote's key for a role that is *not* a superuser there, listed in its
+``replicator_roles`` and granted ``produce`` on the namespace). Messages produced
+in both clusters are replicated exactly once each way, as without security;
+without the grant, replication is refused."""
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +24,12 @@ pytestmark = pytest.mark.timeout(300)
 NS = "geo/secure"
 
 
-def _broker_config(keys: Keys) -> str:
+def _broker_config(keys: Keys, other: str) -> str:
+    # the other cluster's replicators present role repl-from-<other> here: a role that may
+    # replicate (replicator_roles, issue 32), not a superuser
     return ("authentication_enabled = true\nauthorization_enabled = true\n"
             f'token_secret_key = "{keys.url}"\nsuperuser_roles = {toml_list(["admin"])}\n'
+            f'replicator_roles = {toml_list([f"repl-from-{other}"])}\n'
             "authentication_refresh_check_seconds = 5\nreplication_policy_check_duration_seconds = 5\n")
 
 
@@ -39,7 +43,7 @@ def pair(tmp_path_factory):
             (base / name).mkdir()
             keys = Keys(base / name)
             conf = base / f"{name}-broker.toml"
-            conf.write_text(_broker_config(keys))
+            conf.write_text(_broker_config(keys, "b" if name == "a" else "a"))
             proc = StandaloneProcess(base / name / "data", ["--cluster-name", name, "--no-journal-sync",
                                                              "--broker-config", str(conf)], tracker).start()
             clusters[name] = (proc, keys)

@@ -18,7 +18,7 @@ from typing import Optional
 from proto import broker_pb2 as pb
 from proto.pulsar_wire_pb2 import BaseCommand, ProducerAccessMode, ServerError
 
-from broker.service.edge_commands import submit_send
+from broker.service.edge_commands import open_producer, submit_send
 from broker.service.errors import InvalidArgument, ServiceNotReady
 from proto.errors import NotAllowed
 
@@ -130,8 +130,7 @@ class ProducerCommands:
             if p.HasField("schema"):
                 await conn.lookups.schemas.get_or_create(topic, p.schema)
             name = p.producer_name if p.HasField("producer_name") and p.producer_name else None
-            producer = topic.add_producer(name, False)
-            producer.auth = conn.who
+            producer = await open_producer(conn.service, topic, name, False, conn.who)
         except Exception as exc:  # noqa: BLE001 - answered to the client
             self._creating.pop(p.producer_id, None)
             conn.send_error(p.request_id, exc)
