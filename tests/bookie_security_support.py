@@ -95,18 +95,19 @@ def bookie_channel(address: str, certs: Certs, cert: Optional[str] = "app") -> g
 
 
 async def call_rpc(channel: grpc.aio.Channel, rpc: str, token: Optional[str], ledger_id: int, master_key: bytes,
-                   payload: bytes = b"forged") -> tuple[str, object]:
+                   payload: bytes = b"forged", entry_id: int = 0) -> tuple[str, object]:
     """Call bookie ``rpc`` on ``ledger_id`` with ``master_key`` as the holder of ``token`` (None:
     no ``authorization`` metadata). Returns ``("OK", answer)`` (AddEntry: the AddStatus names of
-    one add of entry 0 with ``payload``; ReadEntries: the payloads of entries 0..0; others: the
+    one add of ``entry_id`` with ``payload``; ReadEntries: the payloads of entries 0..0; others: the
     response message) or ``(status code name, details)`` when the call fails."""
     stub = pbg.BookieStub(channel)
     md = [("authorization", f"Bearer {token}")] if token else []
     ledger = pb.LedgerRequest(ledger_id=ledger_id, master_key=master_key)
     try:
         if rpc == "AddEntry":
-            req = pb.AddEntriesRequest(adds=[pb.AddEntryRequest(ledger_id=ledger_id, entry_id=0, master_key=master_key,
-                                                                payload=payload, last_add_confirmed=-1)])
+            add = pb.AddEntryRequest(ledger_id=ledger_id, entry_id=entry_id, master_key=master_key,
+                                     payload=payload, last_add_confirmed=entry_id - 1)
+            req = pb.AddEntriesRequest(adds=[add])
             call = stub.AddEntry(iter([req]), metadata=md, timeout=10)
             return "OK", [pb.AddStatus.Name(r.status) async for resp in call for r in resp.results]
         if rpc == "ReadEntries":
