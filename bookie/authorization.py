@@ -24,7 +24,7 @@ import grpc
 from proto.auth_server import AuthenticationInterceptor, AuthenticationService, _refusing
 from proto.errors import AuthenticationError, AuthorizationError
 
-__all__ = ["BookieAuthorizationInterceptor", "authorization_problem", "parse_roles"]
+__all__ = ["BookieAuthorizationInterceptor", "authorization_problem", "interceptor_for", "parse_roles"]
 
 
 def parse_roles(value: Any) -> list[str]:
@@ -86,3 +86,13 @@ class BookieAuthorizationInterceptor(AuthenticationInterceptor):
                 f"role {result.role} may not call the bookie ({method}): a bookie serves only the brokers' "
                 f"roles (its authorized_roles)"))
         return handler
+
+
+def interceptor_for(config: Any) -> BookieAuthorizationInterceptor:
+    """The first interceptor of a bookie with ``authentication_enabled`` (a ``BookieConfig``):
+    its token providers and ``authorized_roles``. Raises ValueError saying what to set
+    (:func:`authorization_problem`) and ``proto.auth_tokens.TokenError`` for an unusable key."""
+    problem = authorization_problem(config)
+    if problem:
+        raise ValueError(problem)
+    return BookieAuthorizationInterceptor(AuthenticationService.from_config(config), config.authorized_roles)

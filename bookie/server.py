@@ -495,12 +495,8 @@ class BookieServer:
         # AddEntry decodes its own stream: it answers the adds read before a bad frame first.
         interceptors = [InvalidFrameInterceptor(own_decoding={"/minipulsar.bookie.Bookie/AddEntry"})]
         if self.config.authentication_enabled:  # refuse calls without a valid token of the brokers' roles first
-            from bookie.authorization import BookieAuthorizationInterceptor, authorization_problem
-            from proto.auth_server import AuthenticationService
-            if authorization_problem(self.config):
-                raise ValueError(authorization_problem(self.config))
-            interceptors.insert(0, BookieAuthorizationInterceptor(AuthenticationService.from_config(self.config),
-                                                                  self.config.authorized_roles))
+            from bookie.authorization import interceptor_for
+            interceptors.insert(0, interceptor_for(self.config))
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._servicer = BookieServicer(self.storage, self.config)
         self._servicer.disk_monitor = self.disk_monitor = DiskMonitor(self.storage, self.config)

@@ -12,7 +12,8 @@ the node certificate and its own role.
   broker's role still reads the same ledger directly, and the broker still serves
   its clients.
 - A bookie with authentication on and no ``authorized_roles`` refuses to start
-  (flags or config file), saying what to set.
+  (flags or config file: exit status 2; an embedded ``BookieServer``: ValueError),
+  saying what to set.
 """
 from __future__ import annotations
 
@@ -129,3 +130,14 @@ def test_a_bookie_with_authentication_and_no_authorized_roles_refuses_to_start(t
     assert "--authorized-roles" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir()), \
         "a refused bookie must not touch its data dir"
+
+
+async def test_an_embedded_bookie_server_with_authentication_and_no_authorized_roles_refuses_to_start(tmp_path):
+    from bookie.server import BookieConfig, BookieServer
+
+    keys = Keys(tmp_path)
+    server = BookieServer(BookieConfig(port=0, data_dir=str(tmp_path / "data"), journal_sync=False,
+                                       authentication_enabled=True, token_secret_key=keys.url))
+    with pytest.raises(ValueError, match="authentication_enabled = true needs authorized_roles"):
+        await server.start()
+    assert server.port is None, "nothing may be served"
