@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the HS256 secret key tokens are checked with (with --authentication-enabled)")
     parser.add_argument("--token-public-key", default=None, metavar="file:///path | data:;base64,...",
                         help="the public key RS256 tokens are checked with (with --authentication-enabled)")
+    parser.add_argument("--authorized-roles", default=None, metavar="ROLE[,ROLE...]",
+                        help="with --authentication-enabled (required then): the only roles served, the brokers' "
+                             "token subjects; every other role gets PERMISSION_DENIED (BookKeeper's authorizedRoles)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -111,6 +114,8 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         "authentication_enabled": getattr(args, "authentication_enabled", None),
         "token_secret_key": getattr(args, "token_secret_key", None),
         "token_public_key": getattr(args, "token_public_key", None),
+        "authorized_roles": (None if getattr(args, "authorized_roles", None) is None
+                             else [r.strip() for r in args.authorized_roles.split(",") if r.strip()]),
     }
     if args.config:
         return BookieConfig.from_toml(args.config, **overrides)
@@ -121,7 +126,8 @@ def config_problems(config: BookieConfig) -> list[str]:
     """Every problem of ``config`` (file values and flags merged), one line each:
     a value whose type is not its field's annotation (an int is fine for a float;
     a str is not an int, an int is not a bool), a port outside 0..65535, a size
-    or limit below 1, an empty data dir or host. [] when the bookie can start."""
+    or limit below 1, an empty data dir or host, authentication without
+    authorized_roles. [] when the bookie can start."""
     import dataclasses
     import types
     import typing
@@ -165,6 +171,9 @@ def config_problems(config: BookieConfig) -> list[str]:
             AuthenticationService.from_config(config)
         except TokenError as exc:
             problems.append(f"authentication_enabled = true: {exc}")
+    from bookie.authorization import authorization_problem
+    if authorization_problem(config):
+        problems.append(authorization_problem(config))
     if getattr(config, "tls_enabled", False) is True and not (config.tls_certificate_file_path and
                                                               config.tls_key_file_path):
         problems.append("tls_enabled = true needs tls_certificate_file_path and tls_key_file_path (PEM files; "

@@ -75,6 +75,10 @@ class BookieConfig:
         the token keys as the broker's: ``token_secret_key`` or ``token_public_key``
         (``file:///path`` or ``data:;base64,...``), ``authentication_providers``
         (empty = the token provider). BookKeeper's bookie authentication.
+    authorized_roles: with authentication, the only roles served (the brokers' token
+        subjects); every other role gets PERMISSION_DENIED on every RPC; required when
+        authentication_enabled (BookKeeper's BookieAuthZFactory ``authorizedRoles``;
+        see bookie.authorization).
     tls_enabled: serve TLS only (BookKeeper's tlsProvider), with
         tls_certificate_file_path / tls_key_file_path (PEM; BookKeeper's
         tlsCertificatePath / tlsKeyStore). tls_trust_certs_file_path: the CA of
@@ -100,6 +104,7 @@ class BookieConfig:
     authentication_providers: list = dataclasses.field(default_factory=list)
     token_secret_key: str = ""
     token_public_key: str = ""
+    authorized_roles: list = dataclasses.field(default_factory=list)
     tls_enabled: bool = False
     tls_certificate_file_path: str = ""
     tls_key_file_path: str = ""
@@ -484,13 +489,14 @@ class BookieServer:
 
     async def start(self) -> None:
         """Bind, open the storage (lock, cookie check), measure the disk once, serve, start the
-        disk monitor. Raises RuntimeError (port not bindable), InvalidCookieError, DataDirInUse;
+        disk monitor. Raises RuntimeError (port not bindable), InvalidCookieError, DataDirInUse,
+        ValueError (authentication without authorized_roles);
         on any failure nothing is left serving."""
         # AddEntry decodes its own stream: it answers the adds read before a bad frame first.
         interceptors = [InvalidFrameInterceptor(own_decoding={"/minipulsar.bookie.Bookie/AddEntry"})]
-        if self.config.authentication_enabled:  # refuse calls without a valid token first
-            from proto.auth_server import AuthenticationInterceptor, AuthenticationService
-            interceptors.insert(0, AuthenticationInterceptor(AuthenticationService.from_config(self.config)))
+        if self.config.authentication_enabled:  # refuse calls without a valid token of the brokers' roles first
+            from bookie.authorization import interceptor_for
+            interceptors.insert(0, interceptor_for(self.config))
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self._servicer = BookieServicer(self.storage, self.config)
         self._servicer.disk_monitor = self.disk_monitor = DiskMonitor(self.storage, self.config)

@@ -8,7 +8,9 @@ authorization on (Pulsar's ``AuthenticationProviderToken`` and
 - ``broker.token``: role ``geo-broker``, a superuser: what brokers present to
   other brokers, to remote clusters (the replicators) and to the bookies
   (``broker_client_authentication_parameters``,
-  ``bookkeeper_client_authentication_parameters``);
+  ``bookkeeper_client_authentication_parameters``); the bookies serve this
+  role only (``--authorized-roles geo-broker``): every other one, the
+  administrator's included, gets PERMISSION_DENIED there;
 - ``admin.token``: role ``geo-admin``, a superuser: what ``geo up`` (set-up),
   ``geo demo`` and ``geo status`` use.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from proto.auth_tokens import create_secret_key, create_token
 
 __all__ = ["AUTH_DIR", "BROKER_ROLE", "ADMIN_ROLE", "ensure_auth_material", "secret_key_url",
-           "admin_authentication", "broker_auth_settings"]
+           "admin_authentication", "broker_auth_settings", "bookie_auth_args"]
 
 AUTH_DIR = "auth"
 BROKER_ROLE = "geo-broker"
@@ -73,3 +75,11 @@ def broker_auth_settings(auth_dir: str) -> dict:
                 broker_client_authentication_plugin="token", broker_client_authentication_parameters=broker_token,
                 bookkeeper_client_authentication_plugin="token",
                 bookkeeper_client_authentication_parameters=broker_token)
+
+
+def bookie_auth_args(auth_dir: str) -> list[str]:
+    """The ``minipulsar bookie`` flags of a bookie of the demo with ``--auth``: tokens of the
+    demo's key, and only the brokers' role (``BROKER_ROLE``) served (BookKeeper's
+    ``authorizedRoles``; other roles get PERMISSION_DENIED on every bookie RPC)."""
+    return ["--authentication-enabled", "--token-secret-key", secret_key_url(auth_dir),
+            "--authorized-roles", BROKER_ROLE]

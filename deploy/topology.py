@@ -330,11 +330,13 @@ class Topology:
         return broker_auth_settings(self.auth_dir)
 
     def bookie_auth_args(self) -> list[str]:
-        """``geo up --auth``: the bookies refuse calls without a token of the demo's key ([] without)."""
+        """``geo up --auth``: the bookies refuse calls without a token of the demo's key, and every
+        role but the brokers' own (``geo-broker``: ``--authorized-roles``, BookKeeper's
+        authorizedRoles) with PERMISSION_DENIED ([] without)."""
         if not self.auth_dir:
             return []
-        from deploy.geo_auth import secret_key_url
-        return ["--authentication-enabled", "--token-secret-key", secret_key_url(self.auth_dir)]
+        from deploy.geo_auth import bookie_auth_args
+        return bookie_auth_args(self.auth_dir)
 
     def broker_tls_settings(self) -> dict:
         """The brokers' TLS keys: TLS-only ports, TLS to other brokers and clusters, mutual TLS

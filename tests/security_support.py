@@ -9,6 +9,10 @@ from pathlib import Path
 from broker.security.tokens import create_secret_key, create_token
 from tests.procs import ProcessTracker, start_bookie, start_broker
 
+# The role the test brokers present to the bookies and other brokers: a superuser, and the
+# only role the test bookies serve (their authorized_roles).
+BROKER_ROLE = "broker"
+
 
 class Keys:
     """A secret key written under ``base`` and tokens signed with it."""
@@ -35,14 +39,16 @@ def toml_list(values) -> str:
 
 def start_secure_broker(base: Path, tracker: ProcessTracker, keys: Keys, authorization: bool = True,
                         superusers=("admin", "broker"), extra: str = ""):
-    """A bookie refusing calls without a token and a broker with authentication (and
-    ``authorization``) on, talking to the bookie with the token of role ``broker``.
+    """A bookie refusing calls without a token (and every role but ``broker``: its
+    ``authorized_roles``) and a broker with authentication (and ``authorization``) on,
+    talking to the bookie with the token of role ``broker``.
     Returns ``(bookie, broker)`` processes."""
     bookie_conf = base / "bookie.toml"
-    bookie_conf.write_text(f'authentication_enabled = true\ntoken_secret_key = "{keys.url}"\n')
+    bookie_conf.write_text(f'authentication_enabled = true\ntoken_secret_key = "{keys.url}"\n'
+                           f'authorized_roles = {toml_list([BROKER_ROLE])}\n')
     bookie = start_bookie(base / "bookie", journal_sync=False, extra_args=("--config", str(bookie_conf)),
                           tracker=tracker)
-    broker_token = keys.token("broker")
+    broker_token = keys.token(BROKER_ROLE)
     conf = base / "broker.toml"
     conf.write_text(
         "managed_ledger_default_ensemble_size = 1\nmanaged_ledger_default_write_quorum = 1\n"

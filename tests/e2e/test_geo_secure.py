@@ -5,7 +5,9 @@ exactly once as without security (the replicators authenticate as the
 brokers' superuser role, over TLS). Around it, as a user meets them: a client
 without a token is refused with ``AuthenticationError``; a role without
 permission with ``AuthorizationError``, until ``namespaces grant-permission``;
-``geo status`` works with the demo's own credentials; ``geo down --purge``."""
+the bookies serve only the brokers' role (``geo-broker``), refusing the administrator's
+superuser role and an application on every RPC; ``geo status`` works with the demo's own
+credentials; ``geo down --purge``."""
 from __future__ import annotations
 
 import json
@@ -21,6 +23,8 @@ import pytest
 from client import AsyncClient, AuthenticationToken, ConsumerType, InitialPosition
 from client.errors import AuthenticationError, AuthorizationError
 from deploy.topology import load_topology
+from proto.channels import ChannelSecurity, open_channel
+from tests.bookie_security_support import BOOKIE_RPCS, call_rpc
 from tests.e2e.geo_helpers import REPO_ROOT, geo, kill_leftovers, write_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -102,6 +106,24 @@ async def test_geo_demo_over_tls_with_authentication_replicates_exactly_once(sta
         msg = await consumer.receive(timeout_millis=30_000)
         assert json.loads(msg.data())["carrier"]
         await consumer.close()
+
+    # the bookies serve the brokers' role only: the administrator (a superuser) and an application are
+    # refused on every RPC even with the demo's node certificate; the brokers' token passes
+    tokens = {"geo-admin": (data / "auth" / "admin.token").read_text().strip(), "analyst": token,
+              "geo-broker": (data / "auth" / "broker.token").read_text().strip()}
+    channel = open_channel(topo.bookie_addresses("us-west")[0], [], ChannelSecurity(
+        tls=True, tls_trust_certs_file_path=ca, tls_certificate_file_path=str(data / "tls" / "node.cert.pem"),
+        tls_key_file_path=str(data / "tls" / "node.key.pem")))
+    try:
+        for role in ("geo-admin", "analyst"):
+            for rpc in BOOKIE_RPCS:
+                code, details = await call_rpc(channel, rpc, tokens[role], 1, b"key")
+                assert code == "PERMISSION_DENIED" and f"role {role} may not call the bookie" in details, \
+                    (role, rpc, code, details)
+        code, info = await call_rpc(channel, "GetBookieInfo", tokens["geo-broker"], 1, b"key")
+        assert code == "OK" and info.instance_id, (code, info)
+    finally:
+        await channel.close()
 
     status = geo("status", "--data-dir", str(data), timeout=120)
     assert status.returncode == 0 and "all processes healthy" in status.stdout, status.stdout[-3000:]

@@ -58,6 +58,35 @@ def test_plan_commands_name_the_cluster_stores(tmp_path, monkeypatch):
     assert config["replicated_subscriptions_snapshot_frequency_millis"] == 1000
 
 
+def test_geo_auth_gives_the_brokers_their_own_role_the_only_one_the_bookies_serve(tmp_path):
+    """``geo up --auth``: bookies take tokens of the demo key and serve only ``geo-broker``
+    (authorized_roles); the brokers present that role's token to the bookies and to other
+    clusters, and it is a superuser (so its replicators replicate), distinct from the
+    administrator's role."""
+    import argparse
+    import dataclasses
+
+    from bookie.__main__ import add_arguments, config_from_args, config_problems
+    from deploy.geo_auth import ADMIN_ROLE, BROKER_ROLE, ensure_auth_material
+    from proto.auth_tokens import validate_token
+
+    topo = dataclasses.replace(load_topology(), auth_dir=ensure_auth_material(tmp_path))
+    assert BROKER_ROLE != ADMIN_ROLE
+    procs = {p.label: p for p in plan_processes(topo, tmp_path)}
+    argv = procs["us-east/bookie-0"].command()
+    assert argv[argv.index("--authorized-roles") + 1] == BROKER_ROLE and "--authentication-enabled" in argv
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    bookie = config_from_args(parser.parse_args(argv[argv.index("bookie") + 1:]))
+    assert bookie.authorized_roles == [BROKER_ROLE] and config_problems(bookie) == []
+    broker = topo.broker_config("us-east", 0, str(tmp_path / "b"))
+    assert BROKER_ROLE in broker.superuser_roles
+    key = (tmp_path / "auth" / "secret.key").read_bytes()
+    for params in (broker.bookkeeper_client_authentication_parameters, broker.broker_client_authentication_parameters):
+        token = open(params.removeprefix("file://")).read().strip()
+        assert validate_token(token, key, ("HS256",))["sub"] == BROKER_ROLE
+
+
 def test_a_process_without_a_live_pid_is_not_running(tmp_path):
     [p] = [p for p in plan_processes(load_topology(), tmp_path) if p.label == "us-east/bookie-0"]
     assert p.running_pid() is None
