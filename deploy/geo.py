@@ -23,8 +23,9 @@ address, as BookKeeper does).
 Helpers for containers: ``geo setup`` (the registration ``up`` does, for the
 compose ``geo-setup`` service), ``geo broker`` (run one broker of a cluster
 from the topology) and ``geo probe`` (health checks); for the TLS stack
-(``docker-compose.tls.yml``) ``geo certs`` (the CA and node certificate, once)
-and ``--tls-dir`` on ``broker``, ``setup`` and ``probe``.
+(``docker-compose.tls.yml``) ``geo certs`` (the CA and node certificate, once;
+``--auth``: also the token key and tokens of ``geo up --auth`` in ``<tls-dir>/auth``)
+and ``--tls-dir`` / ``--auth-dir`` on ``broker``, ``setup`` and ``probe``.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.geo_auth import AUTH_DIR, ensure_auth_material
+from deploy.geo_auth import AUTH_DIR, ensure_auth_material, missing_auth_files
 from deploy.console import human_bytes, human_count, table
 from deploy.geo_processes import (READY_TIMEOUT_S, STOP_TIMEOUT_S, GeoError, GeoProcess, _alive, _memory,
                                   _port_open, plan_processes, process_health, start_processes, stop_processes)
@@ -120,9 +121,17 @@ def create_tls_material(topo: Topology, tls_dir: Path) -> Topology:
     return dataclasses.replace(topo, tls_dir=str(tls_dir.resolve()))
 
 
-def _with_tls_dir(topo: Topology, tls_dir: str | None) -> Topology:
+def _with_tls_dir(topo: Topology, tls_dir: str | None, auth_dir: str | None = None) -> Topology:
     """``--tls-dir DIR`` of the container actions: ``topo`` over TLS with the CA and node
-    certificate of ``DIR`` (GeoError when they are missing); ``topo`` unchanged without."""
+    certificate of ``DIR`` (GeoError when they are missing); ``--auth-dir AUTH``: with the
+    token authentication of ``geo up --auth``, its key and tokens in ``AUTH`` (GeoError when
+    missing); ``topo`` unchanged without either."""
+    if auth_dir:
+        missing = missing_auth_files(auth_dir)
+        if missing:
+            raise GeoError(f"--auth-dir {auth_dir}: missing {', '.join(missing)} (create them with `minipulsar geo "
+                           f"certs --tls-dir DIR --auth`, which writes DIR/{AUTH_DIR})")
+        topo = dataclasses.replace(topo, auth_dir=str(Path(auth_dir).resolve()))
     if not tls_dir:
         return topo
     missing = [f for f in ("ca.cert.pem", "node.cert.pem", "node.key.pem") if not (Path(tls_dir) / f).is_file()]
@@ -468,15 +477,19 @@ def cmd_setup(args) -> int:
     ``--compose``: the brokers' ports may be moved by ``MINIPULSAR_PORT_<CLUSTER>_<i>``)."""
     from deploy.geo_setup import run_setup
 
-    topo = _with_tls_dir(load_topology(args.topology or DEFAULT_TOPOLOGY), args.tls_dir)
+    topo = _with_tls_dir(load_topology(args.topology or DEFAULT_TOPOLOGY), args.tls_dir, args.auth_dir)
     if args.compose:
         topo = topo.with_broker_ports()
     return run_setup(topo, timeout_s=args.timeout)
 
 
-def _tls_material_complete(tls_dir: Path) -> bool:
-    """True when ``tls_dir`` holds a loadable CA certificate and node certificate + key."""
+def _tls_material_complete(tls_dir: Path, auth: bool = False) -> bool:
+    """True when ``tls_dir`` holds a loadable CA certificate and node certificate + key
+    (``auth``: and the token key and tokens in ``tls_dir/auth``)."""
     import ssl
+
+    if auth and (not (tls_dir / AUTH_DIR).is_dir() or missing_auth_files(tls_dir / AUTH_DIR)):
+        return False
 
     try:
         ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.cert.pem"))
@@ -490,6 +503,8 @@ def cmd_certs(args) -> int:
     """``geo certs --tls-dir DIR``: the demo CA and node certificate in DIR, created once
     (the compose ``geo-certs`` service of ``docker-compose.tls.yml``). ``--check``: only
     exit 0 when they are there and load, 1 otherwise (its health check).
+    ``--auth``: also the secret key and the brokers' and administrator's tokens of
+    ``geo up --auth`` in ``DIR/auth`` (created once; ``--check --auth`` checks them too).
     ``--keep-running``: then wait for SIGTERM/SIGINT and exit 0 (so compose can start the
     others on ``service_healthy``: podman-compose cannot wait for
     ``service_completed_successfully`` with podman 4.3)."""
@@ -497,13 +512,16 @@ def cmd_certs(args) -> int:
 
     tls_dir = Path(args.tls_dir)
     if args.check:
-        return 0 if _tls_material_complete(tls_dir) else 1
+        return 0 if _tls_material_complete(tls_dir, args.auth) else 1
     topo = load_topology(args.topology or DEFAULT_TOPOLOGY)
     try:
         create_tls_material(topo, tls_dir)
+        auth = ensure_auth_material(tls_dir) if args.auth else None
     except (TlsCertError, OSError) as exc:
         raise GeoError(f"cannot create the TLS material in {tls_dir}: {exc}") from None
     _say(f"geo certs: CA and node certificate in {tls_dir} (clients trust {tls_dir / 'ca.cert.pem'})")
+    if auth:
+        _say(f"geo certs: token secret key, broker.token (role geo-broker) and admin.token (role geo-admin) in {auth}")
     if args.keep_running:
         stop = []
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -520,7 +538,7 @@ def cmd_broker(args) -> int:
 
     from broker.__main__ import serve
 
-    topo = _with_tls_dir(load_topology(args.topology or DEFAULT_TOPOLOGY), args.tls_dir)
+    topo = _with_tls_dir(load_topology(args.topology or DEFAULT_TOPOLOGY), args.tls_dir, args.auth_dir)
     if args.compose:
         topo = topo.with_broker_ports()
     try:
@@ -533,19 +551,33 @@ def cmd_broker(args) -> int:
                                 bind_address="0.0.0.0" if args.compose else None)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if topo.auth_dir:
+        from deploy.geo_auth import token_role
+        _say(f"geo broker: authentication and authorization on; own role {token_role(Path(topo.auth_dir) / 'broker.token')} "
+             f"(a superuser) towards the bookies, the other brokers and the remote clusters (replicators)")
     run_async(serve(config))
     return 0
 
 
 def cmd_probe(args) -> int:
-    """``geo probe etcd|bookie|broker HOST:PORT [--tls-dir DIR]``: exit 0 when it answers
-    (health checks): etcd's ``/health``, a bookie's port, a broker's admin health call.
-    With ``--tls-dir`` (the TLS stack): a TLS handshake with the bookie presenting the node
-    certificate (mutual TLS), the broker's health call over ``minipulsar+ssl://``."""
+    """``geo probe etcd|bookie|broker HOST:PORT [--tls-dir DIR] [--auth-dir AUTH]``: exit 0
+    when it answers (health checks): etcd's ``/health``, a bookie's port, a broker's admin
+    health call. With ``--tls-dir`` (the TLS stack): a TLS handshake with the bookie presenting
+    the node certificate (mutual TLS), the broker's health call over ``minipulsar+ssl://``.
+    With ``--auth-dir`` (tokens of ``geo up --auth``): the broker's health call with the
+    administrator's token; the bookie must then also answer ``GetBookieInfo`` to the brokers'
+    role (so a bookie refusing the brokers' token is unhealthy)."""
+    from deploy.geo_auth import admin_authentication
+
     host, _, port = args.address.rpartition(":")
     tls_dir = getattr(args, "tls_dir", None)
+    auth_dir = getattr(args, "auth_dir", None)
+    if auth_dir and missing_auth_files(auth_dir):
+        return 1
     if tls_dir and args.kind == "bookie":
-        return 0 if _tls_handshake(host or "127.0.0.1", int(port), Path(tls_dir), args.timeout) else 1
+        if not _tls_handshake(host or "127.0.0.1", int(port), Path(tls_dir), args.timeout):
+            return 1
+        return 0 if not auth_dir or _bookie_info(args.address, Path(tls_dir), auth_dir, args.timeout) else 1
     if args.kind == "etcd":
         from deploy.cluster import etcd_healthy
 
@@ -553,15 +585,18 @@ def cmd_probe(args) -> int:
     if args.kind == "bookie":
         return 0 if _port_open(host or "127.0.0.1", int(port), args.timeout) else 1
 
+    auth = admin_authentication(auth_dir) if auth_dir else None
+
     async def check() -> bool:
         """True when the broker's admin health call answers ``ok`` within ``--timeout`` seconds."""
         from client.admin import AdminClient
 
         if tls_dir:
             admin = AdminClient(f"minipulsar+ssl://{args.address}", operation_timeout_seconds=args.timeout,
-                                tls_trust_certs_file_path=str(Path(tls_dir) / "ca.cert.pem"))
+                                tls_trust_certs_file_path=str(Path(tls_dir) / "ca.cert.pem"), authentication=auth)
         else:
-            admin = AdminClient(f"minipulsar://{args.address}", operation_timeout_seconds=args.timeout)
+            admin = AdminClient(f"minipulsar://{args.address}", operation_timeout_seconds=args.timeout,
+                                authentication=auth)
         try:
             return bool((await asyncio.wait_for(admin.health(), args.timeout)).get("ok"))
         except Exception:   # noqa: BLE001 - any failure = unhealthy
@@ -597,6 +632,31 @@ def _tls_handshake(host: str, port: int, tls_dir: Path, timeout: float) -> bool:
                 return header[3] == 4   # frame type SETTINGS
     except (OSError, ssl.SSLError, ValueError):
         return False
+
+
+def _bookie_info(address: str, tls_dir: Path, auth_dir: str, timeout: float) -> bool:
+    """True when the bookie at ``address`` answers ``GetBookieInfo`` over mutual TLS (the node
+    certificate of ``tls_dir``) to the brokers' role (``auth_dir/broker.token``)."""
+    import grpc
+
+    from deploy.geo_auth import broker_authentication
+    from proto import bookie_pb2 as pb
+    from proto import bookie_pb2_grpc as pbg
+    from proto.channels import ChannelSecurity, open_channel
+
+    async def call() -> bool:
+        channel = open_channel(address, [], ChannelSecurity(
+            tls=True, tls_trust_certs_file_path=str(tls_dir / "ca.cert.pem"),
+            tls_certificate_file_path=str(tls_dir / "node.cert.pem"), tls_key_file_path=str(tls_dir / "node.key.pem"),
+            authentication=broker_authentication(auth_dir)))
+        try:
+            await pbg.BookieStub(channel).GetBookieInfo(pb.BookieInfoRequest(), timeout=timeout)
+            return True
+        except grpc.aio.AioRpcError:
+            return False
+        finally:
+            await channel.close()
+    return asyncio.run(call())
 
 
 def cmd_demo(args) -> int:
@@ -663,6 +723,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="in docker-compose: broker ports moved by MINIPULSAR_PORT_<CLUSTER>_<i>")
     setup.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the brokers (default 120)")
     setup.add_argument("--tls-dir", metavar="DIR", help="over TLS with the CA and node certificate of DIR (geo certs)")
+    setup.add_argument("--auth-dir", metavar="AUTH", help="with the administrator's token of AUTH (geo certs --auth)")
     setup.set_defaults(geo_func=cmd_setup)
     broker = sub.add_parser("broker", help="run one broker of a cluster from the topology (containers)")
     broker.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml)")
@@ -674,17 +735,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     broker.add_argument("--log-level", default="INFO")
     broker.add_argument("--tls-dir", metavar="DIR", help="TLS as `geo up --tls`, with the CA and node certificate "
                                                          "of DIR (geo certs)")
+    broker.add_argument("--auth-dir", metavar="AUTH", help="token authentication and authorization as `geo up "
+                                                           "--auth`, with the key and tokens of AUTH (geo certs --auth)")
     broker.set_defaults(geo_func=cmd_broker)
     probe = sub.add_parser("probe", help="exit 0 when an etcd/bookie/broker answers (health checks)")
     probe.add_argument("kind", choices=["etcd", "bookie", "broker"])
     probe.add_argument("address", help="HOST:PORT")
     probe.add_argument("--timeout", type=float, default=3.0)
     probe.add_argument("--tls-dir", metavar="DIR", help="speak TLS (bookies: present DIR's node certificate)")
+    probe.add_argument("--auth-dir", metavar="AUTH", help="present AUTH's tokens (brokers: the administrator's; "
+                                                          "bookies: the brokers', with --tls-dir)")
     probe.set_defaults(geo_func=cmd_probe)
     certs = sub.add_parser("certs", help="create the demo CA and node certificate in --tls-dir once (containers)")
     certs.add_argument("--tls-dir", required=True, metavar="DIR", help="where ca.cert.pem, node.cert.pem ... go")
     certs.add_argument("--topology", metavar="FILE", help="topology TOML (default deploy/geo.toml): its host is a SAN")
     certs.add_argument("--check", action="store_true", help="create nothing: exit 0 when the files are there and load")
+    certs.add_argument("--auth", action="store_true", help="also the token key and tokens of `geo up --auth` in "
+                                                           "--tls-dir/auth (the TLS compose stack)")
     certs.add_argument("--keep-running", action="store_true",
                        help="then keep running until SIGTERM (a compose service others wait for, healthy)")
     certs.set_defaults(geo_func=cmd_certs)
