@@ -33,7 +33,7 @@ from client import AsyncClient, AuthenticationToken, ConsumerType, InitialPositi
 from client.errors import AuthenticationError, ConnectError
 from deploy.compose import (AUTH_MOUNT, CERTS_SERVICE, TLS_DIR_VARIABLE, TLS_MOUNT, TLS_PROJECT_NAME, compose_model,
                             render_compose)
-from deploy.geo_auth import BROKER_ROLE, bookie_auth_args
+from deploy.geo_auth import BROKER_ROLE, bookie_auth_args, token_role
 from deploy.topology import load_topology, port_variable
 from tests.e2e.geo_helpers import REPO_ROOT, free_ports, geo
 from tests.bookie_security_support import BOOKIE_RPCS
@@ -137,6 +137,49 @@ def test_probe_speaks_mutual_tls_to_a_bookie_and_certs_are_created_once(tmp_path
     # a broker probe over TLS against the bookie's port does not pass for a broker
     assert geo("probe", "broker", bookie.address, "--tls-dir", str(tls), "--timeout", "5",
                timeout=60).returncode == 1
+
+
+@pytest.mark.timeout(180)
+def test_certs_auth_writes_the_tokens_once_and_the_bookie_probe_needs_the_brokers_role(tmp_path, process_tracker):
+    tls = tmp_path / "tls"
+    assert geo("certs", "--tls-dir", str(tls), timeout=60).returncode == 0
+    assert geo("certs", "--tls-dir", str(tls), "--auth", "--check", timeout=60).returncode == 1, "no tokens yet"
+    assert not (tls / "auth").exists(), "without --auth: no tokens"
+    made = geo("certs", "--tls-dir", str(tls), "--auth", timeout=60)
+    assert made.returncode == 0, made.stderr
+    auth = tls / "auth"
+    files = {f: (auth / f).read_bytes() for f in ("secret.key", "broker.token", "admin.token")}
+    assert all(os.stat(auth / f).st_mode & 0o777 == 0o600 for f in files)
+    assert token_role(auth / "broker.token") == BROKER_ROLE and token_role(auth / "admin.token") == "geo-admin"
+    assert geo("certs", "--tls-dir", str(tls), "--auth", timeout=60).returncode == 0
+    assert {f: (auth / f).read_bytes() for f in files} == files, "a restart of geo-certs keeps the key and tokens"
+    assert geo("certs", "--tls-dir", str(tls), "--auth", "--check", timeout=60).returncode == 0
+    # a mutual-TLS bookie of the compose TLS stack: tokens of that key, only the brokers' role served
+    bookie = start_bookie(tmp_path / "bookie", journal_sync=False, tracker=process_tracker, extra_args=[
+        "--tls-enabled", "--tls-certificate-file-path", str(tls / "node.cert.pem"),
+        "--tls-key-file-path", str(tls / "node.key.pem"), "--tls-trust-certs-file-path", str(tls / "ca.cert.pem"),
+        "--tls-require-trusted-client-cert-on-connect", *bookie_auth_args(str(auth))])
+    wrong = tmp_path / "wrong"          # the administrator's token where the brokers' should be
+    wrong.mkdir()
+    for f in files:
+        (wrong / f).write_bytes(files["admin.token" if f == "broker.token" else f])
+
+    def probe(*extra):
+        return geo("probe", "bookie", bookie.address, "--tls-dir", str(tls), "--timeout", "10", *extra,
+                   timeout=60).returncode
+    assert probe("--auth-dir", str(auth)) == 0, "GetBookieInfo with broker.token answers"
+    assert probe("--auth-dir", str(wrong)) == 1, "the bookie refuses any other role: unhealthy"
+    assert probe("--auth-dir", str(tmp_path / "none")) == 1, "no tokens: unhealthy"
+
+
+@pytest.mark.timeout(120)
+def test_container_actions_refuse_an_auth_dir_without_tokens(tmp_path):
+    tls = tmp_path / "tls"
+    assert geo("certs", "--tls-dir", str(tls), timeout=60).returncode == 0
+    for action in (["setup", "--compose"], ["broker", "--cluster", "us-east", "--compose"]):
+        proc = geo(*action, "--tls-dir", str(tls), "--auth-dir", str(tls / "auth"), timeout=60)
+        assert proc.returncode == 1, (action, proc.stdout, proc.stderr)
+        assert "missing secret.key, broker.token, admin.token" in proc.stderr and "geo certs" in proc.stderr
 
 
 @pytest.mark.timeout(120)
