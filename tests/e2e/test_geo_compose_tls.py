@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -40,6 +41,7 @@ from tests.bookie_security_support import BOOKIE_RPCS
 from tests.procs import start_bookie
 
 TLS_FILE = "docker-compose.tls.yml"
+FIXED_PORT = r"^(\s+- 127\.0\.0\.1:)(\d+)(:\2)$"     # a port published on the host under its own number
 HEALTHY = {"condition": "service_healthy"}
 
 
@@ -320,9 +322,18 @@ def test_tls_compose_stack_replicates_over_tls_and_refuses_plaintext(tmp_path, c
     topo = load_topology()
     project = f"minipulsar-geo-tls-test-{os.getpid()}"
     brokers = [(c.name, i) for c in topo.clusters for i in range(len(c.brokers))]
-    host_ports = dict(zip(brokers, free_ports(len(brokers))))
+    committed = (REPO_ROOT / TLS_FILE).read_text()
+    fixed = sorted({int(g[1]) for g in re.findall(FIXED_PORT, committed, re.M)})
+    ports = free_ports(len(brokers) + len(fixed))
+    host_ports = dict(zip(brokers, ports))
+    # the committed file, its fixed published ports (Pulsar protocol, HTTP, dashboard) on free host ports: a
+    # geo demo running here on the default ports does not keep geo-net from starting
+    moved = dict(zip(fixed, ports[len(brokers):]))
+    compose_file = REPO_ROOT / f".{TLS_FILE}.test-{os.getpid()}"
+    compose_file.write_text(re.sub(FIXED_PORT, lambda m: f"{m.group(1)}{moved[int(m.group(2))]}{m.group(3)}",
+                                   committed, flags=re.M))
     tls_dir = tmp_path / "tls"          # the bind mount: the host gets the CA here
-    env = dict(os.environ, COMPOSE_PROJECT_NAME=project, COMPOSE_FILE=str(REPO_ROOT / TLS_FILE), **engine.env)
+    env = dict(os.environ, COMPOSE_PROJECT_NAME=project, COMPOSE_FILE=str(compose_file), **engine.env)
     env[TLS_DIR_VARIABLE] = str(tls_dir)
     env.update({port_variable(c, i): str(p) for (c, i), p in host_ports.items()})
     urls = {c.name: "minipulsar+ssl://" + ",".join(f"127.0.0.1:{host_ports[(c.name, i)]}"
@@ -361,4 +372,5 @@ def test_tls_compose_stack_replicates_over_tls_and_refuses_plaintext(tmp_path, c
         assert answers["geo-broker"] == {"GetBookieInfo": ["OK", ""]}, answers["geo-broker"]
     finally:
         down = subprocess.run(engine.down(REPO_ROOT), env=env, capture_output=True, text=True, timeout=600)
+        compose_file.unlink()
         assert down.returncode == 0, f"compose down failed:\n{down.stdout[-3000:]}\n{down.stderr[-3000:]}"
