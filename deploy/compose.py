@@ -50,6 +50,19 @@ only and require a client certificate of the CA, brokers serve TLS only (and use
 TLS to each other, to remote clusters and, with the node certificate, to the
 bookies), ``geo probe --tls-dir`` speaks TLS to both. The etcds stay plaintext
 inside the shared namespace (nothing publishes their ports).
+
+The TLS stack also authenticates and authorizes as ``geo up --tls --auth``
+(``deploy/geo_auth.py``): ``geo-certs`` runs with ``--auth`` and writes the
+token secret key, ``broker.token`` (role ``geo-broker``) and ``admin.token``
+(role ``geo-admin``) once into ``/tls/auth`` (its health check waits for them
+too). Brokers run with ``--auth-dir /tls/auth``: authentication and
+authorization on, both roles superusers, ``geo-broker`` the brokers' own
+credentials towards the bookies, the other brokers and the remote clusters
+(the replicators). Bookies take ``--authentication-enabled --token-secret-key
+file:///tls/auth/secret.key --authorized-roles geo-broker``: every other role
+gets PERMISSION_DENIED there. ``geo-setup``, the broker health checks and the
+dashboard use the administrator's token; the bookie health check also calls
+``GetBookieInfo`` with the brokers' token.
 """
 from __future__ import annotations
 
@@ -58,11 +71,12 @@ import json
 from pathlib import Path
 
 from deploy.cluster_plan import etcd_command
+from deploy.geo_auth import AUTH_DIR
 from deploy.geo_dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from deploy.topology import Topology, port_variable
 
 __all__ = ["compose_model", "render_compose", "port_variable", "IMAGE", "PROJECT_NAME", "NETWORK_SERVICE",
-           "TLS_PROJECT_NAME", "CERTS_SERVICE", "TLS_MOUNT", "TLS_DIR_VARIABLE", "compose_file_name"]
+           "TLS_PROJECT_NAME", "CERTS_SERVICE", "TLS_MOUNT", "AUTH_MOUNT", "TLS_DIR_VARIABLE", "compose_file_name"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "minipulsar:latest"
@@ -77,6 +91,7 @@ TLS_PROJECT_NAME = "minipulsar-geo-tls"
 CERTS_SERVICE = "geo-certs"
 DASHBOARD_SERVICE = "geo-dashboard"
 TLS_MOUNT = "/tls"                                  # where every container sees the directory
+AUTH_MOUNT = f"{TLS_MOUNT}/{AUTH_DIR}"              # the token key and tokens, beside the certificates
 TLS_DIR_VARIABLE = "MINIPULSAR_COMPOSE_TLS_DIR"     # the host directory (bind mount)
 TLS_HOST_DIR_DEFAULT = "./data/compose-tls"         # relative to the compose file's directory
 
@@ -104,7 +119,7 @@ def _tls_volume(read_only: bool = True) -> str:
 def _healthcheck(kind: str, address: str, tls: bool = False) -> dict:
     test = ["CMD", "minipulsar", "geo", "probe", kind, address]
     if tls:
-        test += ["--tls-dir", TLS_MOUNT]
+        test += ["--tls-dir", TLS_MOUNT, "--auth-dir", AUTH_MOUNT]
     return {"test": test, **HEALTHCHECK}
 
 
@@ -151,18 +166,20 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
     services[NETWORK_SERVICE] = {"build": ".", "image": IMAGE, "command": ["sleep", "infinity"], "init": True,
                                  "ports": ports, "restart": "unless-stopped"}
     certs: dict = {}            # --tls: what every service using the certificates adds to depends_on
-    tls_args: list[str] = []    # --tls: the flag of `geo broker` / `geo setup`
+    tls_args: list[str] = []    # --tls: the flags of `geo broker` / `geo setup`
+    dashboard_args: list[str] = []
     if tls:
         services[CERTS_SERVICE] = {
-            "image": IMAGE, "command": ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--topology", topo_path,
-                                        "--keep-running"],
+            "image": IMAGE, "command": ["minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--auth", "--topology",
+                                        topo_path, "--keep-running"],
             "volumes": [_tls_volume(read_only=False)], **_joined({}),
-            "healthcheck": {"test": ["CMD", "minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--check"],
+            "healthcheck": {"test": ["CMD", "minipulsar", "geo", "certs", "--tls-dir", TLS_MOUNT, "--auth", "--check"],
                             **HEALTHCHECK},
             "restart": "unless-stopped"}
         certs = {CERTS_SERVICE: {"condition": "service_healthy"}}
-        tls_args = ["--tls-dir", TLS_MOUNT]
-        topology = dataclasses.replace(topology, tls_dir=TLS_MOUNT)
+        tls_args = ["--tls-dir", TLS_MOUNT, "--auth-dir", AUTH_MOUNT]
+        dashboard_args = ["--tls-dir", TLS_MOUNT, "--token-file", f"{AUTH_MOUNT}/admin.token"]
+        topology = dataclasses.replace(topology, tls_dir=TLS_MOUNT, auth_dir=AUTH_MOUNT)
     cs = topology.configuration_store
     services[CONFIGURATION_ETCD_SERVICE] = _etcd_service(f"{CONFIGURATION_ETCD_SERVICE}-data", cs.port, cs.peer_port)
     volumes.append(f"{CONFIGURATION_ETCD_SERVICE}-data")
@@ -178,7 +195,7 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
                    "--metadata-store-url", topology.metadata_store_url(c.name)]
             if not topology.journal_sync:
                 cmd.append("--no-journal-sync")
-            cmd += topology.bookie_tls_args()
+            cmd += topology.bookie_tls_args() + topology.bookie_auth_args()
             services[svc] = {"image": IMAGE, "command": cmd,
                              "volumes": [f"{svc}-data:/data"] + ([_tls_volume()] if tls else []),
                              **_joined({**certs, c.etcd_service: healthy}),
@@ -209,7 +226,7 @@ def compose_model(topology: Topology, project_root: Path = REPO_ROOT, tls: bool 
         services["geo-setup"]["volumes"] = [_tls_volume()]
     services[DASHBOARD_SERVICE] = {
         "image": IMAGE, "command": ["minipulsar", "geo", "dashboard", "--topology", topo_path, "--host", "0.0.0.0",
-                                    "--port", str(DASHBOARD_PORT), *tls_args],
+                                    "--port", str(DASHBOARD_PORT), *dashboard_args],
         **_joined({**certs, **{svc: {"condition": "service_healthy"} for svc in brokers}}),
         "restart": "unless-stopped"}
     if tls:
@@ -274,6 +291,9 @@ def render_compose(topology: Topology, project_root: Path = REPO_ROOT, tls: bool
             f"# into ${TLS_DIR_VARIABLE} (default {TLS_HOST_DIR_DEFAULT}, next to this file), which the bookies,",
             f"# brokers and geo-setup mount read-only at {TLS_MOUNT}; brokers and bookies serve TLS only, the bookies",
             "# require the node certificate (mutual TLS); clients on the host trust ca.cert.pem of that directory.",
+            f"# Tokens, as `geo up --tls --auth`: {CERTS_SERVICE} also writes {AUTH_DIR}/secret.key, {AUTH_DIR}/broker.token",
+            "# (role geo-broker: the brokers' own, the only one the bookies serve) and auth/admin.token (role geo-admin);",
+            "# brokers authenticate and authorize, clients present a token (e.g. auth/admin.token).",
             f"#     docker compose -f {compose_file_name(tls)} up -d --build   # then the clusters answer on 127.0.0.1:",
         ]
     else:
@@ -283,7 +303,8 @@ def render_compose(topology: Topology, project_root: Path = REPO_ROOT, tls: bool
                    + ", ".join(f"${port_variable(c.name, i)}" for i in range(len(c.brokers))) + ")"
                    + (f", official Pulsar clients: {topology.pulsar_url(c.name)}" if topology.pulsar_url(c.name) else ""))
     if tls:
-        out += [f"#     (clients: --tls-trust-certs-file-path {TLS_HOST_DIR_DEFAULT}/ca.cert.pem)",
+        out += [f"#     (clients: --tls-trust-certs-file-path {TLS_HOST_DIR_DEFAULT}/ca.cert.pem "
+                f"--auth-params file://$PWD/{TLS_HOST_DIR_DEFAULT[2:]}/{AUTH_DIR}/admin.token)",
                 f"#     docker compose -f {compose_file_name(tls)} down -v   # -v deletes the volumes, "
                 f"not the TLS directory"]
     else:

@@ -14,6 +14,11 @@ authorization on (Pulsar's ``AuthenticationProviderToken`` and
 - ``admin.token``: role ``geo-admin``, a superuser: what ``geo up`` (set-up),
   ``geo demo`` and ``geo status`` use.
 
+The TLS compose stack (``docker-compose.tls.yml``) has the same files: its
+``geo-certs`` service (``geo certs --tls-dir /tls --auth``) writes them once into
+``/tls/auth`` beside the certificates, and the brokers, bookies, ``geo-setup``,
+the dashboard and the health checks read them there (``--auth-dir /tls/auth``).
+
 Other roles get access with ``minipulsar tokens create --secret-key
 file://<data-dir>/auth/secret.key --subject ROLE`` and ``minipulsar-admin
 namespaces grant-permission``. No expiry: the demo's tokens live as long as
@@ -26,12 +31,14 @@ from pathlib import Path
 
 from proto.auth_tokens import create_secret_key, create_token
 
-__all__ = ["AUTH_DIR", "BROKER_ROLE", "ADMIN_ROLE", "ensure_auth_material", "secret_key_url",
-           "admin_authentication", "broker_auth_settings", "bookie_auth_args"]
+__all__ = ["AUTH_DIR", "AUTH_FILES", "BROKER_ROLE", "ADMIN_ROLE", "ensure_auth_material", "missing_auth_files",
+           "token_role", "secret_key_url", "admin_authentication", "broker_authentication", "broker_auth_settings",
+           "bookie_auth_args"]
 
 AUTH_DIR = "auth"
 BROKER_ROLE = "geo-broker"
 ADMIN_ROLE = "geo-admin"
+AUTH_FILES = ("secret.key", "broker.token", "admin.token")   # what ensure_auth_material writes
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -55,6 +62,19 @@ def ensure_auth_material(data_dir: Path) -> str:
     return str(auth)
 
 
+def missing_auth_files(auth_dir: str | Path) -> list[str]:
+    """The files of ``AUTH_FILES`` that are not (non-empty) files in ``auth_dir``; [] when complete."""
+    return [f for f in AUTH_FILES if not (Path(auth_dir) / f).is_file() or (Path(auth_dir) / f).stat().st_size == 0]
+
+
+def token_role(token_file: str | Path) -> str:
+    """The role (JWT ``sub``) of the token in ``token_file``, read without checking the
+    signature (as ``pulsar tokens show``). Raises OSError / ``proto.auth_tokens.TokenError``."""
+    from proto.auth_tokens import decode_unverified
+
+    return str(decode_unverified(Path(token_file).read_text().strip())[1].get("sub", ""))
+
+
 def secret_key_url(auth_dir: str) -> str:
     """``file:///...secret.key``: the brokers' and bookies' ``token_secret_key``."""
     return "file://" + os.path.join(auth_dir, "secret.key")
@@ -65,6 +85,13 @@ def admin_authentication(auth_dir: str):
     when the file changes)."""
     from proto.authentication import authentication_from_params
     return authentication_from_params("token", "file://" + os.path.join(auth_dir, "admin.token"))
+
+
+def broker_authentication(auth_dir: str):
+    """The SDK's ``AuthenticationToken`` of the brokers' own role (``broker.token``): the only
+    one the demo's bookies serve (the bookies' health check calls them with it)."""
+    from proto.authentication import authentication_from_params
+    return authentication_from_params("token", "file://" + os.path.join(auth_dir, "broker.token"))
 
 
 def broker_auth_settings(auth_dir: str) -> dict:

@@ -204,7 +204,7 @@ def cmd_dashboard(args) -> int:
             print(f"geo dashboard: {exc}", file=sys.stderr)
             return 2
     else:
-        from deploy.geo import _with_tls_dir
+        from deploy.geo_containers import _with_tls_dir
         topo = _with_tls_dir(resolve_topology(args.topology, Path(args.data_dir).resolve()), args.tls_dir)
         clusters = clusters_from_topology(topo)
         if topo.tls_dir:

@@ -62,6 +62,34 @@ class Engine:
             return
         pytest.skip(f"no way to run docker-compose.yml here: neither {up} (podman) nor a Docker engine")
 
+    def _container(self, project: str, service: str) -> str:
+        """The podman container name of ``service`` in ``project`` (exactly one)."""
+        env = dict(os.environ, **self.env)
+        names = subprocess.run(["podman", "ps", "--filter", f"label=com.docker.compose.project={project}",
+                                "--filter", f"label=com.docker.compose.service={service}", "--format",
+                                "{{.Names}}"], env=env, capture_output=True, text=True, check=True).stdout.split()
+        assert len(names) == 1, (service, names)
+        return names[0]
+
+    def exec(self, project: str, service: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run ``argv`` in the running container of ``service`` (its network namespace and mounts)."""
+        if self.kind == "docker":
+            cmd = ["docker", "compose", "-p", project, "exec", "-T", service, *argv]
+        else:
+            cmd = ["podman", "exec", self._container(project, service), *argv]
+        return subprocess.run(cmd, env=dict(os.environ, **self.env), cwd=str(REPO_ROOT), capture_output=True,
+                              text=True, timeout=timeout)
+
+    def logs(self, project: str, service: str) -> str:
+        """What ``service``'s container wrote to stdout and stderr so far."""
+        if self.kind == "docker":
+            cmd = ["docker", "compose", "-p", project, "logs", "--no-color", service]
+        else:
+            cmd = ["podman", "logs", self._container(project, service)]
+        done = subprocess.run(cmd, env=dict(os.environ, **self.env), cwd=str(REPO_ROOT), capture_output=True,
+                              text=True, timeout=60)
+        return done.stdout + done.stderr
+
     def kill(self, project: str, service: str) -> str:
         """SIGKILL the container of ``service``; returns its name."""
         if self.kind == "docker":
