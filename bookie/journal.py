@@ -44,6 +44,7 @@ import asyncio
 import logging
 import os
 
+from bookie import journal_format as jf
 from bookie import ledger_db
 from bookie.ledger_records import E_BOOKIE_ERROR, E_READ_ONLY, apply_adds, apply_delete, apply_fence
 from bookie.storage_errors import StorageClosed, StorageError, is_disk_full
@@ -81,8 +82,26 @@ class GroupCommitJournal:
 
     def _enqueue(self, item: tuple) -> None:
         self._items.append(item)
-        if self._flush_handle is None:
+        if item[0] == "add":
+            for op in item[1]:
+                self._queued_bytes += len(op[3])
+        handle = self._flush_handle
+        if handle is None:
+            self._flush_handle = self._schedule_group()
+        elif self._queued_bytes >= self.journal_buffered_writes_threshold and isinstance(handle, asyncio.TimerHandle):
+            handle.cancel()   # journalBufferedWritesThreshold: enough is buffered, write it now
             self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _schedule_group(self) -> asyncio.Handle:
+        """When the next group is taken (journalMaxGroupWaitMSec): at once when the last
+        group was taken ``journal_max_group_wait_ms`` or more ago (a trickle waits for
+        nothing), else when that much time has passed since it (under load: at most one
+        group, one journal write and fdatasync, per wait), or at once when
+        ``journal_buffered_writes_threshold`` payload bytes are queued."""
+        wait = self._last_group_at + self.journal_max_group_wait_s - self._loop.time()
+        if wait <= 0 or self._queued_bytes >= self.journal_buffered_writes_threshold:
+            return self._loop.call_soon(self._flush)
+        return self._loop.call_later(wait, self._flush)
 
     def _flush(self) -> None:
         """Commit one group: everything queued, up to max_group_entries adds and
@@ -95,6 +114,7 @@ class GroupCommitJournal:
         self._flush_handle = None
         if self._journal_task is not None:
             return  # the running journal-thread commit schedules the next flush
+        self._last_group_at = self._loop.time()
         items = self._items
         group: list = []
         n = nbytes = 0
@@ -108,6 +128,7 @@ class GroupCommitJournal:
                     nbytes += len(op[3])
             else:
                 n += 1
+        self._queued_bytes = max(0, self._queued_bytes - nbytes) if items else 0
         if nbytes > self.inline_commit_max_bytes and not self._closing:
             self._journal_task = self._loop.create_task(self._commit_on_journal(group))
             self._journal_task.add_done_callback(lambda task, g=group: self._journal_done(task, g))
@@ -115,19 +136,36 @@ class GroupCommitJournal:
         try:
             prepared = self._prepare_group(group)
             if prepared is not None:
-                self._write_group(self._wdb, *prepared[:3])
+                self._commit_group(self._wdb, *prepared[:3])
                 self._finish_group(group, prepared)
         except Exception as exc:   # the commit (or a bug): no add of the group may hang
             self._fail_group(group, exc)
         finally:
             self._schedule_flush()
 
+    def _commit_group(self, db, deletes: list, rows: list, ledger_rows: list) -> None:
+        """Commit one group: into ledger storage (:meth:`_write_group`, not synced), then
+        its records into the journal with one write (and one fdatasync with journal_sync,
+        :meth:`bookie.journal_file.JournalWriter.append`). Storage first: a journal position
+        then implies storage holds everything before it (the checkpoint's mark), and a read
+        after the acknowledgment finds the entry. Raises ``sqlite3.Error`` / ``OSError``
+        (ENOSPC: the journal's disk is full)."""
+        self._write_group(db, deletes, rows, ledger_rows)
+        writer = self._writer
+        if writer is None:
+            return
+        parts = [jf.encode_delete(lid) for lid in deletes]
+        parts.extend(jf.encode_ledger(row) for row in ledger_rows)
+        parts.extend(jf.encode_add(r[0], r[1], r[2], r[3]) for r in rows)
+        if parts:
+            writer.append(b"".join(parts))
+
     def _schedule_flush(self) -> None:
         if self._closing:
             return
         if self._items:
             if self._flush_handle is None:
-                self._flush_handle = self._loop.call_soon(self._flush)
+                self._flush_handle = self._schedule_group()
         elif self._vacuum_wanted and self._journal_task is None:
             self._start_vacuum_step()
 
@@ -161,7 +199,7 @@ class GroupCommitJournal:
         if prepared is None:
             return
         try:
-            await self._loop.run_in_executor(self._journal, self._write_group, self._wdb, *prepared[:3])
+            await self._loop.run_in_executor(self._journal, self._commit_group, self._wdb, *prepared[:3])
         except Exception as exc:
             self._fail_group(group, exc)
         else:

@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 import aiosqlite
 
 from bookie import cookie as cookies
-from bookie import data_dir, disk_space, ledger_db
+from bookie import checkpoint, data_dir, disk_space, journal_file, ledger_db
 from bookie.data_dir import LOCK_FILE_NAME
 from bookie.journal import GroupCommitJournal
 from bookie.ledger_db import (_INSERT_ENTRY, _SCHEMA, _UPSERT_LEDGER, DB_FILE_NAME, PAGE_SIZE_BYTES,
@@ -88,6 +88,17 @@ log = logging.getLogger(__name__)
 # writer it never catches up, so the WAL never restarts and every commit grows the file.
 # (Read by LedgerStorage._connect from this module: tests patch it here.)
 WAL_AUTOCHECKPOINT_PAGES = 1000
+
+# The journal (bookie.journal_file) and checkpoint (bookie.checkpoint) defaults; BookKeeper's
+# names in the comments.
+JOURNAL_DIR_NAME = "journal"                        # journalDirectories: <data dir>/journal
+DEFAULT_JOURNAL_MAX_SIZE_MB = 512                   # journalMaxSizeMB (BookKeeper: 2048)
+DEFAULT_JOURNAL_PRE_ALLOC_SIZE_MB = 16              # journalPreAllocSizeMB
+DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS = 2.0             # journalMaxGroupWaitMSec
+DEFAULT_JOURNAL_BUFFERED_WRITES_THRESHOLD = 512 * 1024   # journalBufferedWritesThreshold (bytes)
+DEFAULT_FLUSH_INTERVAL_MS = 2000                    # flushInterval (checkpoint period)
+# Preallocation and file size on a small filesystem: at most this share of it.
+JOURNAL_PREALLOC_FS_SHARE = 0.02
 
 
 class LedgerStorage(GroupCommitJournal):
@@ -118,8 +129,27 @@ class LedgerStorage(GroupCommitJournal):
         inline_commit_max_bytes: int = 64 * 1024,
         max_db_size_bytes: int | None = None,
         reserve_bytes: int | None = None,
+        journal_dir: str | None = None,
+        journal_max_size_mb: int = DEFAULT_JOURNAL_MAX_SIZE_MB,
+        journal_pre_alloc_size_mb: int = DEFAULT_JOURNAL_PRE_ALLOC_SIZE_MB,
+        journal_max_group_wait_ms: float = DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS,
+        journal_buffered_writes_threshold: int = DEFAULT_JOURNAL_BUFFERED_WRITES_THRESHOLD,
+        flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS,
     ) -> None:
         self.path = path
+        self.journal_dir = journal_dir or os.path.join(path, JOURNAL_DIR_NAME)
+        self.journal_max_size_mb = journal_max_size_mb
+        self.journal_pre_alloc_size_mb = journal_pre_alloc_size_mb
+        self.journal_max_group_wait_s = journal_max_group_wait_ms / 1000.0
+        self.journal_buffered_writes_threshold = journal_buffered_writes_threshold
+        self.flush_interval_s = flush_interval_ms / 1000.0
+        self._writer: journal_file.JournalWriter | None = None      # the journal files (bookie.journal_file)
+        self._checkpointer: checkpoint.Checkpointer | None = None
+        self._checkpoint_thread: ThreadPoolExecutor | None = None
+        self._checkpoint_task: asyncio.Task | None = None
+        self._queued_bytes = 0          # payload bytes queued for the next group
+        self._last_group_at = 0.0       # loop time the last group was taken
+        self.replayed_records = 0       # journal records applied at open
         self.db_path = os.path.join(path, DB_FILE_NAME)
         self.journal_sync = journal_sync
         self.max_group_entries = max_group_entries
@@ -170,7 +200,11 @@ class LedgerStorage(GroupCommitJournal):
             # about its whole size to the WAL: on a full disk it could never run. A freed page is
             # only put on the freelist now (a few pages written per delete).
             db.execute("PRAGMA secure_delete=OFF")
-            db.execute(f"PRAGMA synchronous={'FULL' if self.journal_sync else 'OFF'}")
+            # Commits are not fsynced: the journal makes adds durable (bookie.journal_file). NORMAL
+            # (not OFF) so that SQLite still syncs the WAL before and the database after each
+            # of its checkpoints: a WAL restarting over frames the database file does not hold
+            # on the disk yet would lose data the journal mark says is flushed.
+            db.execute("PRAGMA synchronous=NORMAL")
             # On a small filesystem the WAL is kept to a small share of it (bookie.disk_space):
             # a checkpoint grows the database by up to the WAL's size, which must fit.
             wal_pages = disk_space.wal_pages_for(shutil.disk_usage(self.path).total, PAGE_SIZE_BYTES,
@@ -196,6 +230,7 @@ class LedgerStorage(GroupCommitJournal):
     def _format(self) -> None:
         """Delete the ledger database and the cookie (``--format``); the dir stays locked."""
         data_dir.format_data_dir(self.path)
+        journal_file.wipe_journal(self.journal_dir, self.path)
 
     async def open(self, address: str = "", format: bool = False, create_cookie: bool = False) -> None:
         """Lock the data dir, open (creating if needed) the database, check the cookie
@@ -232,7 +267,9 @@ class LedgerStorage(GroupCommitJournal):
                                                     create_cookie)
                 self.cookie_address = (cookies.read_cookie(self.path) or cookies.Cookie("", "", 0)).bookie_address
                 self._init_schema(self._wdb)
+                await self._loop.run_in_executor(None, self._start_journal)
             except BaseException:
+                self._stop_journal_files()
                 self._wdb.close()
                 self._wdb = None
                 raise
@@ -247,10 +284,66 @@ class LedgerStorage(GroupCommitJournal):
         await self._rdb.execute("PRAGMA query_only=ON")
         self._load_ledgers()
         self._closing = False
+        self._checkpoint_task = self._loop.create_task(self._checkpoint_loop())
         log.info(
-            "opened %s (instance %s, journal_sync=%s, %d ledgers)", self.db_path, self.instance_id,
-            self.journal_sync, len(self._ledgers)
+            "opened %s (instance %s, journal_sync=%s, journal %s, %d journal records replayed, %d ledgers)",
+            self.db_path, self.instance_id, self.journal_sync, self.journal_dir, self.replayed_records,
+            len(self._ledgers)
         )
+
+    def _start_journal(self) -> None:
+        """Replay the journal into the database (:func:`bookie.checkpoint.replay`), open a
+        new journal file and checkpoint once (the replayed groups are synced, the journal
+        before the new file is deleted). Runs off the loop, in open(). Raises
+        ``sqlite3.Error`` / ``OSError``."""
+        os.makedirs(self.journal_dir, exist_ok=True)
+        self.replayed_records, next_id = checkpoint.replay(self._wdb, self.journal_dir, self.path,
+                                                           self.instance_id or "")
+        fs_total = shutil.disk_usage(self.journal_dir).total
+        cap = int(fs_total * JOURNAL_PREALLOC_FS_SHARE)
+        prealloc = min(self.journal_pre_alloc_size_mb * 1024 * 1024, cap)
+        max_file = max(1, self.journal_max_size_mb) * 1024 * 1024
+        self._writer = journal_file.JournalWriter(self.journal_dir, self.instance_id or "", next_id, max_file,
+                                                  prealloc, self.journal_sync)
+        self._writer.open()
+        self._checkpointer = checkpoint.Checkpointer(self.db_path, self.path, self._writer)
+        self._checkpointer.checkpoint()
+        self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-checkpoint")
+
+    def _stop_journal_files(self) -> None:
+        """Close the journal writer and the checkpoint connection (open failed, or close)."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._checkpoint_thread is not None:
+            self._checkpoint_thread.shutdown(wait=False)
+            self._checkpoint_thread = None
+
+    async def _checkpoint_loop(self) -> None:
+        """Checkpoint every ``flush_interval_ms`` on the checkpoint thread (BookKeeper's
+        SyncThread); a failure is logged (a full disk turns the storage read-only) and the
+        next interval tries again: the journal keeps everything since the last mark."""
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            await self.checkpoint()
+
+    async def checkpoint(self) -> tuple[int, int] | None:
+        """Run one checkpoint now (:meth:`bookie.checkpoint.Checkpointer.checkpoint`) on the
+        checkpoint thread. Returns the new journal mark, or None when it failed (logged)."""
+        cp, pool = self._checkpointer, self._checkpoint_thread
+        if cp is None or pool is None:
+            return None
+        try:
+            return await self._loop.run_in_executor(pool, cp.checkpoint)
+        except Exception as exc:   # noqa: BLE001 - logged; the journal still holds everything
+            log.warning("checkpoint of %s failed: %r (the journal keeps the adds since the last mark)",
+                        self.db_path, exc)
+            if is_disk_full(exc):
+                self.set_read_only(True, f"disk full: {exc}")
+            return None
 
     async def close(self) -> None:
         """Commit everything already queued and close the database (BookKeeper's
@@ -266,12 +359,18 @@ class LedgerStorage(GroupCommitJournal):
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._checkpoint_task is not None:
+            self._checkpoint_task.cancel()
+            await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+            self._checkpoint_task = None
         try:
             if self._journal_task is not None:
                 await asyncio.wait([self._journal_task])
             while self._items:
                 self._flush()  # inline, whatever the size: closing
+            await self.checkpoint()   # the next start replays nothing
         finally:
+            self._stop_journal_files()
             rdb, wdb, journal = self._rdb, self._wdb, self._journal
             self._rdb = self._wdb = self._journal = None
             if rdb is not None:
