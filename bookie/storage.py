@@ -150,6 +150,7 @@ class LedgerStorage(GroupCommitJournal):
         self._queued_bytes = 0          # payload bytes queued for the next group
         self._last_group_at = 0.0       # loop time the last group was taken
         self.replayed_records = 0       # journal records applied at open
+        self._journal_separate_fs = False   # the journal dir is on another filesystem than the data dir
         self.db_path = os.path.join(path, DB_FILE_NAME)
         self.journal_sync = journal_sync
         self.max_group_entries = max_group_entries
@@ -297,6 +298,7 @@ class LedgerStorage(GroupCommitJournal):
         before the new file is deleted). Runs off the loop, in open(). Raises
         ``sqlite3.Error`` / ``OSError``."""
         os.makedirs(self.journal_dir, exist_ok=True)
+        self._journal_separate_fs = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
         self.replayed_records, next_id = checkpoint.replay(self._wdb, self.journal_dir, self.path,
                                                            self.instance_id or "")
         fs_total = shutil.disk_usage(self.journal_dir).total
@@ -474,12 +476,29 @@ class LedgerStorage(GroupCommitJournal):
         fs_usage = self._fs_usage(fs.total, fs.free)
         usage, what = fs_usage, (f"filesystem of {self.path} is {fs_usage:.1%} full ({fs.free} bytes free + "
                                  f"{reusable} reusable in the database, of {fs.total})")
+        j_usage = self._journal_fs_usage()
+        if j_usage is not None and j_usage[0] > usage:
+            usage, what = j_usage
         if self.max_db_size_bytes:
             db_usage = (pages - free) * PAGE_SIZE_BYTES / self.max_db_size_bytes
             if db_usage > usage:
                 usage, what = db_usage, (f"database uses {(pages - free) * PAGE_SIZE_BYTES} of "
                                          f"max_db_size_bytes={self.max_db_size_bytes} ({db_usage:.1%})")
         return usage, what
+
+    def _journal_fs_usage(self) -> tuple[float, str] | None:
+        """``(usage, description)`` of the journal directory's filesystem when it is not the
+        data dir's (BookKeeper checks journal and ledger dirs alike), else None. A full
+        journal disk turns the bookie read-only like a full ledger disk. Raises ``OSError``."""
+        try:
+            separate = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
+        except FileNotFoundError:
+            return None
+        if not separate:
+            return None
+        fs = shutil.disk_usage(self.journal_dir)
+        usage = 1.0 - fs.free / fs.total if fs.total else 1.0
+        return usage, f"journal filesystem of {self.journal_dir} is {usage:.1%} full ({fs.free} bytes free of {fs.total})"
 
     def _fs_usage(self, total: int, free: int) -> float:
         reserve = self._reserve
@@ -491,7 +510,12 @@ class LedgerStorage(GroupCommitJournal):
         from one ``statvfs`` and the database's free pages as last measured: cheap enough
         for the add path (a few microseconds). Raises ``OSError``."""
         st = os.statvfs(self.path)
-        return self._fs_usage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+        usage = self._fs_usage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+        if self._journal_separate_fs:
+            js = os.statvfs(self.journal_dir)
+            if js.f_blocks:
+                usage = max(usage, 1.0 - js.f_bavail / js.f_blocks)
+        return usage
 
     # ------------------------------------------------------------------ reads
 
