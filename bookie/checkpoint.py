@@ -28,14 +28,21 @@ small disk gets its space back after deletes without waiting for ``journal_max_s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import shutil
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from bookie import journal_file, ledger_db
+from bookie.storage_errors import is_disk_full
 
-__all__ = ["Checkpointer", "replay"]
+__all__ = ["Checkpointer", "replay", "JournalCheckpoints", "JOURNAL_PREALLOC_FS_SHARE"]
+
+# Journal preallocation on a small filesystem: at most this share of it.
+JOURNAL_PREALLOC_FS_SHARE = 0.02
 
 log = logging.getLogger("bookie.journal")
 
@@ -113,3 +120,87 @@ class Checkpointer:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+class JournalCheckpoints:
+    """The journal and checkpoint half of :class:`bookie.storage.LedgerStorage` (a mixin
+    working on the storage's state): start-up replay and the journal writer
+    (:meth:`_start_journal`), the periodic checkpoint (:meth:`checkpoint`, BookKeeper's
+    SyncThread), and the journal filesystem's usage for the disk monitor.
+
+    Uses the storage's ``path``, ``db_path``, ``journal_dir``, ``journal_sync``,
+    ``journal_max_size_mb``, ``journal_pre_alloc_size_mb``, ``flush_interval_s``,
+    ``instance_id``, ``_wdb``, ``_loop``, ``_writer``, ``_checkpointer``,
+    ``_checkpoint_thread``, ``_journal_separate_fs``, ``replayed_records`` and
+    ``set_read_only``.
+    """
+
+    def _start_journal(self) -> None:
+        """Replay the journal into the database (:func:`bookie.checkpoint.replay`), open a
+        new journal file and checkpoint once (the replayed groups are synced, the journal
+        before the new file is deleted). Runs off the loop, in open(). Raises
+        ``sqlite3.Error`` / ``OSError``."""
+        os.makedirs(self.journal_dir, exist_ok=True)
+        self._journal_separate_fs = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
+        self.replayed_records, next_id = replay(self._wdb, self.journal_dir, self.path, self.instance_id or "")
+        fs_total = shutil.disk_usage(self.journal_dir).total
+        cap = int(fs_total * JOURNAL_PREALLOC_FS_SHARE)
+        prealloc = min(self.journal_pre_alloc_size_mb * 1024 * 1024, cap)
+        max_file = max(1, self.journal_max_size_mb) * 1024 * 1024
+        self._writer = journal_file.JournalWriter(self.journal_dir, self.instance_id or "", next_id, max_file,
+                                                  prealloc, self.journal_sync)
+        self._writer.open()
+        self._checkpointer = Checkpointer(self.db_path, self.path, self._writer)
+        self._checkpointer.checkpoint()
+        self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-checkpoint")
+
+    def _stop_journal_files(self) -> None:
+        """Close the journal writer and the checkpoint connection (open failed, or close)."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._checkpoint_thread is not None:
+            self._checkpoint_thread.shutdown(wait=False)
+            self._checkpoint_thread = None
+
+    async def _checkpoint_loop(self) -> None:
+        """Checkpoint every ``flush_interval_ms`` on the checkpoint thread (BookKeeper's
+        SyncThread); a failure is logged (a full disk turns the storage read-only) and the
+        next interval tries again: the journal keeps everything since the last mark."""
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            await self.checkpoint()
+
+    async def checkpoint(self) -> tuple[int, int] | None:
+        """Run one checkpoint now (:meth:`bookie.checkpoint.Checkpointer.checkpoint`) on the
+        checkpoint thread. Returns the new journal mark, or None when it failed (logged)."""
+        cp, pool = self._checkpointer, self._checkpoint_thread
+        if cp is None or pool is None:
+            return None
+        try:
+            return await self._loop.run_in_executor(pool, cp.checkpoint)
+        except Exception as exc:   # noqa: BLE001 - logged; the journal still holds everything
+            log.warning("checkpoint of %s failed: %r (the journal keeps the adds since the last mark)",
+                        self.db_path, exc)
+            if is_disk_full(exc):
+                self.set_read_only(True, f"disk full: {exc}")
+            return None
+
+    def _journal_fs_usage(self) -> tuple[float, str] | None:
+        """``(usage, description)`` of the journal directory's filesystem when it is not the
+        data dir's (BookKeeper checks journal and ledger dirs alike), else None. A full
+        journal disk turns the bookie read-only like a full ledger disk. Raises ``OSError``."""
+        try:
+            separate = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
+        except FileNotFoundError:
+            return None
+        if not separate:
+            return None
+        fs = shutil.disk_usage(self.journal_dir)
+        usage = 1.0 - fs.free / fs.total if fs.total else 1.0
+        return usage, (f"journal filesystem of {self.journal_dir} is {usage:.1%} full "
+                       f"({fs.free} bytes free of {fs.total})")
+

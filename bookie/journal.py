@@ -1,17 +1,33 @@
-"""Group commit of a bookie's ledger storage: the queue of adds, fences and
-deletes, and where and how each group commits.
+"""Group commit of a bookie's writes: the queue of adds, fences and deletes, and
+where and how each group commits.
 
 BookKeeper concepts: the bookie's *Journal* with group commit
 (``Journal.QueueEntry`` / ``ForceWriteRequest``): :meth:`bookie.storage.LedgerStorage.add_entries`
 only enqueues and schedules one flush callback on the event loop; the flush
 takes everything queued (up to ``max_group_entries`` adds and about
 ``max_group_bytes``), validates it against the in-memory ledger records
-(:mod:`bookie.ledger_records`), inserts all accepted entries with one
-``executemany`` in ONE transaction and commits (:func:`bookie.ledger_db.write_group`).
-With ``journal_sync=True`` the commit is fsynced (``PRAGMA synchronous=FULL``
-in WAL mode: one fdatasync of the WAL) before any future of the group
-resolves, so an acknowledged add survives ``kill -9`` and power loss. Fence
-and delete go through the same queue, so they are ordered with the adds.
+(:mod:`bookie.ledger_records`) and commits the group (:meth:`GroupCommitJournal._commit_group`):
+
+1. into ledger storage, SQLite, with one ``executemany`` in ONE transaction
+   (:func:`bookie.ledger_db.write_group`), NOT synced (``synchronous=NORMAL``): a read
+   sees the entry as soon as its add is acknowledged;
+2. into the journal (:mod:`bookie.journal_file`): the group's records
+   (:mod:`bookie.journal_format`) appended with one ``write`` and, with
+   ``journal_sync=True``, one ``fdatasync`` -- the durability of the add. Only then
+   does any future of the group resolve, so an acknowledged add survives ``kill -9``
+   and power loss: SQLite pages lost with the power come back from the journal at
+   start (:mod:`bookie.checkpoint`, which also syncs SQLite every ``flush_interval_ms``
+   and deletes the journal behind it).
+
+Fence and delete go through the same queue, so they are ordered with the adds in
+storage and in the journal.
+
+Group size (BookKeeper's ``journalMaxGroupWaitMSec`` / ``journalBufferedWritesThreshold``):
+a group is taken at once when the previous one was taken ``journal_max_group_wait_ms``
+or more ago (a trickle of adds waits for nothing), otherwise when that much time has
+passed since it, or at once when ``journal_buffered_writes_threshold`` payload bytes
+are queued. Under load that is at most one journal write and fdatasync per
+``journal_max_group_wait_ms`` (2 ms): a page-granular disk write carries many adds.
 
 Where the commit runs: a small group (at most ``inline_commit_max_bytes``,
 default 64 KiB, of payload: the trickle of a latency-bound workload) commits
@@ -28,11 +44,11 @@ queue (or gRPC's buffers) and join the next group. The WAL checkpoint that
 SQLite runs inside the commit that fills the WAL past 1000 pages (16 MiB)
 holds that commit for some ms, wherever it runs.
 
-Disk full: a commit that fails with SQLITE_FULL turns the storage read-only
-at once: its adds get E_READ_ONLY, its fences/deletes are retried once in a
-group of their own (a delete frees space, it must not fail because adds
-overflowed). After deletes, incremental-vacuum steps run on the journal
-thread between groups (see :mod:`bookie.ledger_db`).
+Disk full: a commit that fails with SQLITE_FULL, or a journal write that fails
+with ENOSPC, turns the storage read-only at once: its adds get E_READ_ONLY, its
+fences/deletes are retried once in a group of their own (a delete frees space, it
+must not fail because adds overflowed). After deletes, incremental-vacuum steps run
+on the journal thread between groups (see :mod:`bookie.ledger_db`).
 
 Queued items are tuples ``("add", ops, future)``, ``("fence", ledger_id,
 master_key, future)`` and ``("delete", ledger_id, master_key or None, future)``.
@@ -59,7 +75,9 @@ class GroupCommitJournal:
     works on the storage's own state; see the module docstring).
 
     Uses these attributes of the storage: ``_items`` (deque of queued items),
-    ``_flush_handle``, ``_loop``, ``_closing``, ``_wdb`` (write connection),
+    ``_flush_handle``, ``_loop``, ``_closing``, ``_wdb`` (write connection), ``_writer``
+    (the :class:`bookie.journal_file.JournalWriter`, None before open), ``_queued_bytes``,
+    ``_last_group_at``, ``journal_max_group_wait_s``, ``journal_buffered_writes_threshold``,
     ``_journal`` (the one-thread executor) and ``_journal_task``, ``_ledgers``
     (records), ``read_only`` / ``read_only_reason``, ``max_group_entries``
     (count), ``max_group_bytes`` and ``inline_commit_max_bytes`` (payload

@@ -12,11 +12,17 @@ BookKeeper separates ``Journal``, ``LedgerStorage`` and ``Cookie``:
 
 * :mod:`bookie.journal`: the write path, group commit (BookKeeper's journal +
   group commit): ``add_entries`` only enqueues; one flush commits everything
-  queued in ONE transaction, fsynced with ``journal_sync=True`` before any
+  queued in ONE SQLite transaction (not synced) and appends its records to the
+  journal with one write, fdatasynced with ``journal_sync=True``, before any
   future of the group resolves, so an acknowledged add survives ``kill -9``
   and power loss. Fence and delete go through the same queue, so they are
   ordered with the adds. Small groups commit on the event loop's thread,
   large ones on the journal thread (measurements there).
+* :mod:`bookie.journal_format` / :mod:`bookie.journal_file`: the journal's records
+  and files (``journal_directory``, default ``<data dir>/journal``).
+* :mod:`bookie.checkpoint`: every ``flush_interval_ms`` SQLite is synced and the
+  journal mark persisted (``<data dir>/lastMark``); the journal behind it is
+  deleted; at open the journal is replayed from the mark.
 * :mod:`bookie.ledger_records`: the per-ledger records and the rules adds,
   fences and deletes are checked against.
 * :mod:`bookie.ledger_db`: the SQLite database (schema, migration, the
@@ -25,7 +31,9 @@ BookKeeper separates ``Journal``, ``LedgerStorage`` and ``Cookie``:
   ``--format``, and the cookie check.
 * :mod:`bookie.storage_errors`: the errors (re-exported here).
 
-Reads use a second connection (aiosqlite) and only ever see committed data.
+Reads use a second connection (aiosqlite) and only ever see committed data; a group is
+committed to SQLite before its adds are acknowledged, so an acknowledged entry is read
+at once.
 
 Checksums (BookKeeper's DigestManager): an add may carry the CRC32C its writer
 computed over the payload; it is stored with the entry (column ``crc``, NULL
@@ -64,6 +72,7 @@ import aiosqlite
 
 from bookie import cookie as cookies
 from bookie import checkpoint, data_dir, disk_space, journal_file, ledger_db
+from bookie.checkpoint import JournalCheckpoints
 from bookie.data_dir import LOCK_FILE_NAME
 from bookie.journal import GroupCommitJournal
 from bookie.ledger_db import (_INSERT_ENTRY, _SCHEMA, _UPSERT_LEDGER, DB_FILE_NAME, PAGE_SIZE_BYTES,
@@ -97,18 +106,19 @@ DEFAULT_JOURNAL_PRE_ALLOC_SIZE_MB = 16              # journalPreAllocSizeMB
 DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS = 2.0             # journalMaxGroupWaitMSec
 DEFAULT_JOURNAL_BUFFERED_WRITES_THRESHOLD = 512 * 1024   # journalBufferedWritesThreshold (bytes)
 DEFAULT_FLUSH_INTERVAL_MS = 2000                    # flushInterval (checkpoint period)
-# Preallocation and file size on a small filesystem: at most this share of it.
-JOURNAL_PREALLOC_FS_SHARE = 0.02
 
 
-class LedgerStorage(GroupCommitJournal):
+class LedgerStorage(GroupCommitJournal, JournalCheckpoints):
     """Durable ledger/entry store of one bookie, with group commit.
 
     ``path`` is the data directory (created if missing); the database is
-    ``<path>/ledgers.db``. ``journal_sync`` (default True) fsyncs every group
-    commit before acknowledging (SQLite ``synchronous=FULL``); False uses
-    ``synchronous=OFF`` (fast, may lose recent adds on a machine crash, like
-    BookKeeper's ``journalSyncData=false``). A group commit holds at most
+    ``<path>/ledgers.db``. ``journal_sync`` (default True) fdatasyncs the journal after
+    every group commit before acknowledging; False does not (fast, may lose recent adds
+    on a machine crash, like BookKeeper's ``journalSyncData=false``). ``journal_dir``
+    (None: ``<path>/journal``), ``journal_max_size_mb``, ``journal_pre_alloc_size_mb``,
+    ``journal_max_group_wait_ms``, ``journal_buffered_writes_threshold`` (payload bytes)
+    and ``flush_interval_ms``: the journal and checkpoint settings (see
+    :class:`bookie.server.BookieConfig`). A group commit holds at most
     ``max_group_entries`` adds (count) and roughly ``max_group_bytes`` payload
     bytes (one add over that limit still forms a group of its own); groups of
     at most ``inline_commit_max_bytes`` commit on the event loop's thread,
@@ -292,61 +302,6 @@ class LedgerStorage(GroupCommitJournal):
             len(self._ledgers)
         )
 
-    def _start_journal(self) -> None:
-        """Replay the journal into the database (:func:`bookie.checkpoint.replay`), open a
-        new journal file and checkpoint once (the replayed groups are synced, the journal
-        before the new file is deleted). Runs off the loop, in open(). Raises
-        ``sqlite3.Error`` / ``OSError``."""
-        os.makedirs(self.journal_dir, exist_ok=True)
-        self._journal_separate_fs = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
-        self.replayed_records, next_id = checkpoint.replay(self._wdb, self.journal_dir, self.path,
-                                                           self.instance_id or "")
-        fs_total = shutil.disk_usage(self.journal_dir).total
-        cap = int(fs_total * JOURNAL_PREALLOC_FS_SHARE)
-        prealloc = min(self.journal_pre_alloc_size_mb * 1024 * 1024, cap)
-        max_file = max(1, self.journal_max_size_mb) * 1024 * 1024
-        self._writer = journal_file.JournalWriter(self.journal_dir, self.instance_id or "", next_id, max_file,
-                                                  prealloc, self.journal_sync)
-        self._writer.open()
-        self._checkpointer = checkpoint.Checkpointer(self.db_path, self.path, self._writer)
-        self._checkpointer.checkpoint()
-        self._checkpoint_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-checkpoint")
-
-    def _stop_journal_files(self) -> None:
-        """Close the journal writer and the checkpoint connection (open failed, or close)."""
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-            self._checkpointer = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._checkpoint_thread is not None:
-            self._checkpoint_thread.shutdown(wait=False)
-            self._checkpoint_thread = None
-
-    async def _checkpoint_loop(self) -> None:
-        """Checkpoint every ``flush_interval_ms`` on the checkpoint thread (BookKeeper's
-        SyncThread); a failure is logged (a full disk turns the storage read-only) and the
-        next interval tries again: the journal keeps everything since the last mark."""
-        while True:
-            await asyncio.sleep(self.flush_interval_s)
-            await self.checkpoint()
-
-    async def checkpoint(self) -> tuple[int, int] | None:
-        """Run one checkpoint now (:meth:`bookie.checkpoint.Checkpointer.checkpoint`) on the
-        checkpoint thread. Returns the new journal mark, or None when it failed (logged)."""
-        cp, pool = self._checkpointer, self._checkpoint_thread
-        if cp is None or pool is None:
-            return None
-        try:
-            return await self._loop.run_in_executor(pool, cp.checkpoint)
-        except Exception as exc:   # noqa: BLE001 - logged; the journal still holds everything
-            log.warning("checkpoint of %s failed: %r (the journal keeps the adds since the last mark)",
-                        self.db_path, exc)
-            if is_disk_full(exc):
-                self.set_read_only(True, f"disk full: {exc}")
-            return None
-
     async def close(self) -> None:
         """Commit everything already queued and close the database (BookKeeper's
         ``Bookie.shutdown``: the journal is drained before the ledger storage closes).
@@ -485,20 +440,6 @@ class LedgerStorage(GroupCommitJournal):
                 usage, what = db_usage, (f"database uses {(pages - free) * PAGE_SIZE_BYTES} of "
                                          f"max_db_size_bytes={self.max_db_size_bytes} ({db_usage:.1%})")
         return usage, what
-
-    def _journal_fs_usage(self) -> tuple[float, str] | None:
-        """``(usage, description)`` of the journal directory's filesystem when it is not the
-        data dir's (BookKeeper checks journal and ledger dirs alike), else None. A full
-        journal disk turns the bookie read-only like a full ledger disk. Raises ``OSError``."""
-        try:
-            separate = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
-        except FileNotFoundError:
-            return None
-        if not separate:
-            return None
-        fs = shutil.disk_usage(self.journal_dir)
-        usage = 1.0 - fs.free / fs.total if fs.total else 1.0
-        return usage, f"journal filesystem of {self.journal_dir} is {usage:.1%} full ({fs.free} bytes free of {fs.total})"
 
     def _fs_usage(self, total: int, free: int) -> float:
         reserve = self._reserve
