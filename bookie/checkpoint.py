@@ -39,10 +39,16 @@ from concurrent.futures import ThreadPoolExecutor
 from bookie import journal_file, ledger_db
 from bookie.storage_errors import is_disk_full
 
-__all__ = ["Checkpointer", "replay", "JournalCheckpoints", "JOURNAL_PREALLOC_FS_SHARE"]
+__all__ = ["Checkpointer", "replay", "JournalCheckpoints", "JOURNAL_PREALLOC_FS_SHARE",
+           "JOURNAL_CHECKPOINT_FS_SHARE"]
 
 # Journal preallocation on a small filesystem: at most this share of it.
-JOURNAL_PREALLOC_FS_SHARE = 0.02
+JOURNAL_PREALLOC_FS_SHARE = 0.01
+# A checkpoint also starts once the journal holds this share of its filesystem since the last
+# one (at most journal_max_size_mb): the journal doubles what the disk holds of the newest adds
+# until a checkpoint deletes it; kept under the 5 % between disk_usage_threshold and
+# disk_usage_lwm_threshold, deleting it cannot flip a full bookie back to writable.
+JOURNAL_CHECKPOINT_FS_SHARE = 0.02
 
 log = logging.getLogger("bookie.journal")
 
@@ -79,6 +85,7 @@ class Checkpointer:
         self.writer = writer
         self._db: sqlite3.Connection | None = None
         self.checkpoints = 0
+        self.bytes_at_mark = 0          # writer.bytes_written when the last checkpoint rolled (about)
         self.last_mark: tuple[int, int] | None = None
         self.last_duration_s = 0.0
 
@@ -94,6 +101,7 @@ class Checkpointer:
         Returns the mark ``(file id, offset)``. Raises ``sqlite3.Error`` / ``OSError``
         (ENOSPC: nothing is deleted, the previous mark stays)."""
         t0 = time.monotonic()
+        written = self.writer.bytes_written
         mark = self.writer.roll()
         db = self._conn()
         db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
@@ -109,6 +117,7 @@ class Checkpointer:
         journal_file.write_mark(self.data_dir, *mark)
         deleted = self.writer.delete_before(mark[0])
         self.checkpoints += 1
+        self.bytes_at_mark = written
         self.last_mark = mark
         self.last_duration_s = time.monotonic() - t0
         log.debug("checkpoint at journal mark %s in %.3f s (%d journal files deleted)", mark,
@@ -131,8 +140,8 @@ class JournalCheckpoints:
     Uses the storage's ``path``, ``db_path``, ``journal_dir``, ``journal_sync``,
     ``journal_max_size_mb``, ``journal_pre_alloc_size_mb``, ``flush_interval_s``,
     ``instance_id``, ``_wdb``, ``_loop``, ``_writer``, ``_checkpointer``,
-    ``_checkpoint_thread``, ``_journal_separate_fs``, ``replayed_records`` and
-    ``set_read_only``.
+    ``_checkpoint_thread``, ``_checkpoint_wanted`` (asyncio.Event), ``_checkpoint_bytes``,
+    ``_journal_separate_fs``, ``replayed_records`` and ``set_read_only``.
     """
 
     def _start_journal(self) -> None:
@@ -144,9 +153,9 @@ class JournalCheckpoints:
         self._journal_separate_fs = os.stat(self.journal_dir).st_dev != os.stat(self.path).st_dev
         self.replayed_records, next_id = replay(self._wdb, self.journal_dir, self.path, self.instance_id or "")
         fs_total = shutil.disk_usage(self.journal_dir).total
-        cap = int(fs_total * JOURNAL_PREALLOC_FS_SHARE)
-        prealloc = min(self.journal_pre_alloc_size_mb * 1024 * 1024, cap)
+        prealloc = min(self.journal_pre_alloc_size_mb * 1024 * 1024, int(fs_total * JOURNAL_PREALLOC_FS_SHARE))
         max_file = max(1, self.journal_max_size_mb) * 1024 * 1024
+        self._checkpoint_bytes = max(64 * 1024, min(max_file, int(fs_total * JOURNAL_CHECKPOINT_FS_SHARE)))
         self._writer = journal_file.JournalWriter(self.journal_dir, self.instance_id or "", next_id, max_file,
                                                   prealloc, self.journal_sync)
         self._writer.open()
@@ -170,9 +179,22 @@ class JournalCheckpoints:
         """Checkpoint every ``flush_interval_ms`` on the checkpoint thread (BookKeeper's
         SyncThread); a failure is logged (a full disk turns the storage read-only) and the
         next interval tries again: the journal keeps everything since the last mark."""
+        wanted = self._checkpoint_wanted
         while True:
-            await asyncio.sleep(self.flush_interval_s)
+            try:
+                await asyncio.wait_for(wanted.wait(), self.flush_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            wanted.clear()
             await self.checkpoint()
+
+    def _journal_grew(self) -> None:
+        """After a group commit (on the loop): start a checkpoint now when the journal grew by
+        ``_checkpoint_bytes`` since the last one (see JOURNAL_CHECKPOINT_FS_SHARE)."""
+        writer, cp = self._writer, self._checkpointer
+        if writer is not None and cp is not None and \
+                writer.bytes_written - cp.bytes_at_mark >= self._checkpoint_bytes:
+            self._checkpoint_wanted.set()
 
     async def checkpoint(self) -> tuple[int, int] | None:
         """Run one checkpoint now (:meth:`bookie.checkpoint.Checkpointer.checkpoint`) on the

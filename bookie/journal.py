@@ -293,6 +293,7 @@ class GroupCommitJournal:
         """Resolve the futures of a committed group."""
         self.commits += 1
         self.committed_entries += prepared[4]
+        self._journal_grew()
         if prepared[0] and self._incremental_vacuum:
             self._vacuum_wanted = True   # started by _schedule_flush once nothing is queued
         for item, outcome in zip(group, prepared[3]):

@@ -179,7 +179,9 @@ class JournalWriter:
         would take the current one past ``max_file_bytes``. Returns the new position.
         On error the file is left as it was before (a torn tail at most): raises ``OSError``."""
         with self._lock:
-            if self._offset > self._header_bytes and self._offset + len(data) > self.max_file_bytes:
+            if self._fd is None:        # creating the last file failed (a full disk): try again
+                self._new_file()
+            elif self._offset > self._header_bytes and self._offset + len(data) > self.max_file_bytes:
                 self._roll_locked()
             start = self._offset
             try:
@@ -204,7 +206,7 @@ class JournalWriter:
         deleted once storage is flushed); nothing happens for a file holding no record.
         Returns the position at the start of the (new) current file."""
         with self._lock:
-            if self._offset > self._header_bytes:
+            if self._fd is None or self._offset > self._header_bytes:
                 self._roll_locked()
             return (self._file_id, self._offset)
 

@@ -157,6 +157,8 @@ class LedgerStorage(GroupCommitJournal, JournalCheckpoints):
         self._checkpointer: checkpoint.Checkpointer | None = None
         self._checkpoint_thread: ThreadPoolExecutor | None = None
         self._checkpoint_task: asyncio.Task | None = None
+        self._checkpoint_wanted = asyncio.Event()   # set: checkpoint now (the journal grew)
+        self._checkpoint_bytes = 64 * 1024 * 1024   # journal bytes that start a checkpoint (set at open)
         self._queued_bytes = 0          # payload bytes queued for the next group
         self._last_group_at = 0.0       # loop time the last group was taken
         self.replayed_records = 0       # journal records applied at open
