@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--journal-pre-alloc-size-mb", type=int, default=None,
                         help="preallocate journal files in chunks of this many MiB (default 16)")
     parser.add_argument("--journal-max-group-wait-ms", type=float, default=None,
-                        help="under load, at most one journal write + fdatasync per this many ms (default 2)")
+                        help="under load, at most one journal write + fdatasync per this many ms (default 0: "
+                             "a group is what queued while the previous one was written)")
     parser.add_argument("--journal-buffered-writes-threshold", type=int, default=None,
                         help="queued payload bytes that start a journal write at once (default 524288)")
     parser.add_argument("--flush-interval-ms", type=int, default=None,

@@ -26,8 +26,10 @@ Group size (BookKeeper's ``journalMaxGroupWaitMSec`` / ``journalBufferedWritesTh
 a group is taken at once when the previous one was taken ``journal_max_group_wait_ms``
 or more ago (a trickle of adds waits for nothing), otherwise when that much time has
 passed since it, or at once when ``journal_buffered_writes_threshold`` payload bytes
-are queued. Under load that is at most one journal write and fdatasync per
-``journal_max_group_wait_ms`` (2 ms): a page-granular disk write carries many adds.
+are queued. With a wait set, under load that is at most one journal write and
+fdatasync per ``journal_max_group_wait_ms``: a page-granular disk write carries many
+adds. The default wait is 0 (see ``bookie.storage.DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS``):
+a group is then whatever queued while the previous group was written.
 
 Where the commit runs: a small group (at most ``inline_commit_max_bytes``,
 default 64 KiB, of payload: the trickle of a latency-bound workload) commits
@@ -174,7 +176,7 @@ class GroupCommitJournal:
             return
         parts = [jf.encode_delete(lid) for lid in deletes]
         parts.extend(jf.encode_ledger(row) for row in ledger_rows)
-        parts.extend(jf.encode_add(r[0], r[1], r[2], r[3]) for r in rows)
+        jf.encode_adds_into(parts, rows)
         if parts:
             writer.append(b"".join(parts))
 

@@ -44,7 +44,7 @@ from crc32c import crc32c
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "REC_ADD", "REC_LEDGER", "REC_DELETE", "RECORD_HEADER_BYTES",
            "MAX_RECORD_BYTES", "JournalFormatError", "JournalHeader", "ScanResult", "encode_header",
-           "parse_header", "encode_add", "encode_ledger", "encode_delete", "encode_record", "decode_body",
+           "parse_header", "encode_add", "encode_adds_into", "encode_ledger", "encode_delete", "encode_record", "decode_body",
            "scan_records", "encode_mark", "decode_mark", "file_name", "file_id_of", "MARK_BYTES"]
 
 MAGIC = b"MPJL"
@@ -118,6 +118,19 @@ def encode_add(ledger_id: int, entry_id: int, payload: bytes, crc: int | None) -
     (bytes) and the writer's CRC32C of it (``crc``; None when it sent none)."""
     body = _ADD.pack(REC_ADD, ledger_id, entry_id, 0 if crc is None else 1, crc or 0) + bytes(payload)
     return encode_record(body)
+
+
+def encode_adds_into(parts: list, rows) -> None:
+    """Append the framed ``REC_ADD`` records of ``rows`` (``entries`` rows ``(ledger_id,
+    entry_id, payload, crc32c or None)``) to ``parts`` as pieces to ``b"".join`` (the
+    same bytes as :func:`encode_add`, without copying the payloads twice: the group
+    commit's hot path)."""
+    add_pack, rec_pack = _ADD.pack, _REC.pack
+    for ledger_id, entry_id, payload, crc in rows:
+        head = add_pack(REC_ADD, ledger_id, entry_id, 0 if crc is None else 1, crc or 0)
+        parts.append(rec_pack(len(head) + len(payload), crc32c(payload, crc32c(head))))
+        parts.append(head)
+        parts.append(payload)
 
 
 def encode_ledger(row: tuple) -> bytes:

@@ -83,7 +83,8 @@ class BookieConfig:
         (MiB; journalPreAllocSizeMB; at most 2 % of the journal's filesystem).
     journal_max_group_wait_ms: under load, at most one group commit (one journal write
         and fdatasync) per this many ms; a lone add is written at once
-        (journalMaxGroupWaitMSec).
+        (journalMaxGroupWaitMSec; default 0: each group is what queued while the previous
+        one was written, as BookKeeper's journalFlushWhenQueueEmpty).
     journal_buffered_writes_threshold: payload bytes queued that start the next group at
         once (journalBufferedWritesThreshold).
     flush_interval_ms: checkpoint period (flushInterval): ledger storage is synced, the

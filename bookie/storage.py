@@ -103,7 +103,11 @@ WAL_AUTOCHECKPOINT_PAGES = 1000
 JOURNAL_DIR_NAME = "journal"                        # journalDirectories: <data dir>/journal
 DEFAULT_JOURNAL_MAX_SIZE_MB = 512                   # journalMaxSizeMB (BookKeeper: 2048)
 DEFAULT_JOURNAL_PRE_ALLOC_SIZE_MB = 16              # journalPreAllocSizeMB
-DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS = 2.0             # journalMaxGroupWaitMSec
+# journalMaxGroupWaitMSec. BookKeeper's default is 2 ms; 0 here: a group is what queued while the
+# previous one was written (BookKeeper's journalFlushWhenQueueEmpty). Measured (bench_bookie, one
+# trickling 200 B add at a time): 2 ms held each add ~1.4 ms longer (p50 2.0 vs 0.6 ms), as a
+# sequential writer's next add always came less than 2 ms after the last group.
+DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS = 0.0
 DEFAULT_JOURNAL_BUFFERED_WRITES_THRESHOLD = 512 * 1024   # journalBufferedWritesThreshold (bytes)
 DEFAULT_FLUSH_INTERVAL_MS = 2000                    # flushInterval (checkpoint period)
 

@@ -34,6 +34,13 @@ def test_records_round_trip_in_order():
     assert end == jf.ScanResult(len(buf), None)
 
 
+def test_the_group_encoder_writes_the_same_bytes_as_one_record_at_a_time():
+    rows = [(3, 0, b"abc", None), (3, 1, memoryview(b"defg"), 7), (4, 9, b"", 0xFFFFFFFF)]
+    parts: list = []
+    jf.encode_adds_into(parts, rows)
+    assert b"".join(parts) == b"".join(jf.encode_add(*r) for r in rows)
+
+
 def test_preallocated_zeros_end_the_scan_quietly():
     buf = b"".join(_records())
     records, end = _scan(buf + bytes(4096))
