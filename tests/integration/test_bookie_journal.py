@@ -258,3 +258,28 @@ async def test_full_journal_disk_turns_the_bookie_read_only_and_writable_again(b
         proc.kill()
     finally:
         subprocess.run(["umount", "-l", str(jdir)], capture_output=True)
+
+
+async def test_group_wait_and_buffered_threshold_shape_the_groups(tmp_path):
+    """journal_max_group_wait_ms: adds arriving within the wait after a group form ONE next
+    group (one journal write), written no sooner than the wait; journal_buffered_writes_threshold:
+    enough queued bytes are written at once. (LedgerStorage in this process, real files.)"""
+    from bookie.storage import LedgerStorage
+
+    s = LedgerStorage(str(tmp_path / "d"), journal_max_group_wait_ms=80, journal_buffered_writes_threshold=10_000)
+    await s.open("127.0.0.1:1")
+    loop = asyncio.get_running_loop()
+    try:
+        assert await s.add_entries([(1, 0, KEY, b"x" * 100, -1, False)]) == {}   # a lone add: at once
+        t0, appends0 = loop.time(), s._writer.syncs
+        futs = [s.add_entries([(1, e, KEY, b"x" * 100, e - 1, False)]) for e in range(1, 11)]
+        assert await asyncio.gather(*futs) == [{}] * 10
+        assert loop.time() - t0 >= 0.06, "the group did not wait journal_max_group_wait_ms"
+        assert s._writer.syncs - appends0 == 1, "adds within the wait were not one group"
+        await asyncio.sleep(0.01)
+        t0 = loop.time()
+        futs = [s.add_entries([(2, e, KEY, b"y" * 2000, e - 1, False)]) for e in range(6)]   # 12 KB >= 10 KB
+        assert await asyncio.gather(*futs) == [{}] * 6
+        assert loop.time() - t0 < 0.06, "the buffered-bytes threshold did not start the group at once"
+    finally:
+        await s.close()
