@@ -45,6 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fsync every group commit before acknowledging (default)")
     parser.add_argument("--no-journal-sync", dest="journal_sync", action="store_false",
                         help="do not fsync commits (faster; recent adds may be lost on a machine crash)")
+    parser.add_argument("--journal-directory", default=None, metavar="DIR",
+                        help="directory of the journal files (default: <data dir>/journal; may be on its own disk)")
+    parser.add_argument("--journal-max-size-mb", type=int, default=None,
+                        help="roll a journal file at this size in MiB (default 512)")
+    parser.add_argument("--journal-pre-alloc-size-mb", type=int, default=None,
+                        help="preallocate journal files in chunks of this many MiB (default 16)")
+    parser.add_argument("--journal-max-group-wait-ms", type=float, default=None,
+                        help="under load, at most one journal write + fdatasync per this many ms (default 0: "
+                             "a group is what queued while the previous one was written)")
+    parser.add_argument("--journal-buffered-writes-threshold", type=int, default=None,
+                        help="queued payload bytes that start a journal write at once (default 524288)")
+    parser.add_argument("--flush-interval-ms", type=int, default=None,
+                        help="checkpoint period in ms: ledger storage synced, journal behind it deleted "
+                             "(default 2000)")
     parser.add_argument("--max-entry-size-bytes", type=int, default=None,
                         help="largest accepted entry payload in bytes (default 5 MiB)")
     parser.add_argument("--disk-usage-threshold", type=float, default=None,
@@ -99,6 +113,12 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         "data_dir": args.data_dir,
         "journal_sync": args.journal_sync,
         "max_entry_size_bytes": args.max_entry_size_bytes,
+        "journal_directory": getattr(args, "journal_directory", None),
+        "journal_max_size_mb": getattr(args, "journal_max_size_mb", None),
+        "journal_pre_alloc_size_mb": getattr(args, "journal_pre_alloc_size_mb", None),
+        "journal_max_group_wait_ms": getattr(args, "journal_max_group_wait_ms", None),
+        "journal_buffered_writes_threshold": getattr(args, "journal_buffered_writes_threshold", None),
+        "flush_interval_ms": getattr(args, "flush_interval_ms", None),
         "disk_usage_threshold": getattr(args, "disk_usage_threshold", None),
         "disk_usage_lwm_threshold": getattr(args, "disk_usage_lwm_threshold", None),
         "disk_check_interval_s": getattr(args, "disk_check_interval_s", None),
@@ -157,6 +177,11 @@ def config_problems(config: BookieConfig) -> list[str]:
              ("disk_usage_lwm_threshold", lambda v: 0 < v <= _number(getattr(config, "disk_usage_threshold", 1)),
               "must be in (0, disk_usage_threshold]"),
              ("disk_check_interval_s", lambda v: v > 0, "must be > 0 seconds"),
+             ("journal_max_size_mb", lambda v: v >= 1, "must be >= 1 (MiB)"),
+             ("journal_pre_alloc_size_mb", lambda v: v >= 0, "must be >= 0 (MiB; 0: no preallocation)"),
+             ("journal_max_group_wait_ms", lambda v: v >= 0, "must be >= 0 ms"),
+             ("journal_buffered_writes_threshold", lambda v: v >= 1, "must be >= 1 (bytes)"),
+             ("flush_interval_ms", lambda v: v >= 1, "must be >= 1 ms"),
              ("max_db_size_bytes", lambda v: v is None or v >= 1, "must be >= 1 (or unset)"),
              ("metadata_store_url", _is_registration_url,
               'must be "" (no registration) or "etcd://host:port[,host:port...]"'),

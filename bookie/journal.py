@@ -1,17 +1,35 @@
-"""Group commit of a bookie's ledger storage: the queue of adds, fences and
-deletes, and where and how each group commits.
+"""Group commit of a bookie's writes: the queue of adds, fences and deletes, and
+where and how each group commits.
 
 BookKeeper concepts: the bookie's *Journal* with group commit
 (``Journal.QueueEntry`` / ``ForceWriteRequest``): :meth:`bookie.storage.LedgerStorage.add_entries`
 only enqueues and schedules one flush callback on the event loop; the flush
 takes everything queued (up to ``max_group_entries`` adds and about
 ``max_group_bytes``), validates it against the in-memory ledger records
-(:mod:`bookie.ledger_records`), inserts all accepted entries with one
-``executemany`` in ONE transaction and commits (:func:`bookie.ledger_db.write_group`).
-With ``journal_sync=True`` the commit is fsynced (``PRAGMA synchronous=FULL``
-in WAL mode: one fdatasync of the WAL) before any future of the group
-resolves, so an acknowledged add survives ``kill -9`` and power loss. Fence
-and delete go through the same queue, so they are ordered with the adds.
+(:mod:`bookie.ledger_records`) and commits the group (:meth:`GroupCommitJournal._commit_group`):
+
+1. into ledger storage, SQLite, with one ``executemany`` in ONE transaction
+   (:func:`bookie.ledger_db.write_group`), NOT synced (``synchronous=NORMAL``): a read
+   sees the entry as soon as its add is acknowledged;
+2. into the journal (:mod:`bookie.journal_file`): the group's records
+   (:mod:`bookie.journal_format`) appended with one ``write`` and, with
+   ``journal_sync=True``, one ``fdatasync`` -- the durability of the add. Only then
+   does any future of the group resolve, so an acknowledged add survives ``kill -9``
+   and power loss: SQLite pages lost with the power come back from the journal at
+   start (:mod:`bookie.checkpoint`, which also syncs SQLite every ``flush_interval_ms``
+   and deletes the journal behind it).
+
+Fence and delete go through the same queue, so they are ordered with the adds in
+storage and in the journal.
+
+Group size (BookKeeper's ``journalMaxGroupWaitMSec`` / ``journalBufferedWritesThreshold``):
+a group is taken at once when the previous one was taken ``journal_max_group_wait_ms``
+or more ago (a trickle of adds waits for nothing), otherwise when that much time has
+passed since it, or at once when ``journal_buffered_writes_threshold`` payload bytes
+are queued. With a wait set, under load that is at most one journal write and
+fdatasync per ``journal_max_group_wait_ms``: a page-granular disk write carries many
+adds. The default wait is 0 (see ``bookie.storage.DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS``):
+a group is then whatever queued while the previous group was written.
 
 Where the commit runs: a small group (at most ``inline_commit_max_bytes``,
 default 64 KiB, of payload: the trickle of a latency-bound workload) commits
@@ -28,11 +46,11 @@ queue (or gRPC's buffers) and join the next group. The WAL checkpoint that
 SQLite runs inside the commit that fills the WAL past 1000 pages (16 MiB)
 holds that commit for some ms, wherever it runs.
 
-Disk full: a commit that fails with SQLITE_FULL turns the storage read-only
-at once: its adds get E_READ_ONLY, its fences/deletes are retried once in a
-group of their own (a delete frees space, it must not fail because adds
-overflowed). After deletes, incremental-vacuum steps run on the journal
-thread between groups (see :mod:`bookie.ledger_db`).
+Disk full: a commit that fails with SQLITE_FULL, or a journal write that fails
+with ENOSPC, turns the storage read-only at once: its adds get E_READ_ONLY, its
+fences/deletes are retried once in a group of their own (a delete frees space, it
+must not fail because adds overflowed). After deletes, incremental-vacuum steps run
+on the journal thread between groups (see :mod:`bookie.ledger_db`).
 
 Queued items are tuples ``("add", ops, future)``, ``("fence", ledger_id,
 master_key, future)`` and ``("delete", ledger_id, master_key or None, future)``.
@@ -44,6 +62,7 @@ import asyncio
 import logging
 import os
 
+from bookie import journal_format as jf
 from bookie import ledger_db
 from bookie.ledger_records import E_BOOKIE_ERROR, E_READ_ONLY, apply_adds, apply_delete, apply_fence
 from bookie.storage_errors import StorageClosed, StorageError, is_disk_full
@@ -58,7 +77,9 @@ class GroupCommitJournal:
     works on the storage's own state; see the module docstring).
 
     Uses these attributes of the storage: ``_items`` (deque of queued items),
-    ``_flush_handle``, ``_loop``, ``_closing``, ``_wdb`` (write connection),
+    ``_flush_handle``, ``_loop``, ``_closing``, ``_wdb`` (write connection), ``_writer``
+    (the :class:`bookie.journal_file.JournalWriter`, None before open), ``_queued_bytes``,
+    ``_last_group_at``, ``journal_max_group_wait_s``, ``journal_buffered_writes_threshold``,
     ``_journal`` (the one-thread executor) and ``_journal_task``, ``_ledgers``
     (records), ``read_only`` / ``read_only_reason``, ``max_group_entries``
     (count), ``max_group_bytes`` and ``inline_commit_max_bytes`` (payload
@@ -81,8 +102,26 @@ class GroupCommitJournal:
 
     def _enqueue(self, item: tuple) -> None:
         self._items.append(item)
-        if self._flush_handle is None:
+        if item[0] == "add":
+            for op in item[1]:
+                self._queued_bytes += len(op[3])
+        handle = self._flush_handle
+        if handle is None:
+            self._flush_handle = self._schedule_group()
+        elif self._queued_bytes >= self.journal_buffered_writes_threshold and isinstance(handle, asyncio.TimerHandle):
+            handle.cancel()   # journalBufferedWritesThreshold: enough is buffered, write it now
             self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _schedule_group(self) -> asyncio.Handle:
+        """When the next group is taken (journalMaxGroupWaitMSec): at once when the last
+        group was taken ``journal_max_group_wait_ms`` or more ago (a trickle waits for
+        nothing), else when that much time has passed since it (under load: at most one
+        group, one journal write and fdatasync, per wait), or at once when
+        ``journal_buffered_writes_threshold`` payload bytes are queued."""
+        wait = self._last_group_at + self.journal_max_group_wait_s - self._loop.time()
+        if wait <= 0 or self._queued_bytes >= self.journal_buffered_writes_threshold:
+            return self._loop.call_soon(self._flush)
+        return self._loop.call_later(wait, self._flush)
 
     def _flush(self) -> None:
         """Commit one group: everything queued, up to max_group_entries adds and
@@ -95,6 +134,7 @@ class GroupCommitJournal:
         self._flush_handle = None
         if self._journal_task is not None:
             return  # the running journal-thread commit schedules the next flush
+        self._last_group_at = self._loop.time()
         items = self._items
         group: list = []
         n = nbytes = 0
@@ -108,6 +148,7 @@ class GroupCommitJournal:
                     nbytes += len(op[3])
             else:
                 n += 1
+        self._queued_bytes = max(0, self._queued_bytes - nbytes) if items else 0
         if nbytes > self.inline_commit_max_bytes and not self._closing:
             self._journal_task = self._loop.create_task(self._commit_on_journal(group))
             self._journal_task.add_done_callback(lambda task, g=group: self._journal_done(task, g))
@@ -115,19 +156,36 @@ class GroupCommitJournal:
         try:
             prepared = self._prepare_group(group)
             if prepared is not None:
-                self._write_group(self._wdb, *prepared[:3])
+                self._commit_group(self._wdb, *prepared[:3])
                 self._finish_group(group, prepared)
         except Exception as exc:   # the commit (or a bug): no add of the group may hang
             self._fail_group(group, exc)
         finally:
             self._schedule_flush()
 
+    def _commit_group(self, db, deletes: list, rows: list, ledger_rows: list) -> None:
+        """Commit one group: into ledger storage (:meth:`_write_group`, not synced), then
+        its records into the journal with one write (and one fdatasync with journal_sync,
+        :meth:`bookie.journal_file.JournalWriter.append`). Storage first: a journal position
+        then implies storage holds everything before it (the checkpoint's mark), and a read
+        after the acknowledgment finds the entry. Raises ``sqlite3.Error`` / ``OSError``
+        (ENOSPC: the journal's disk is full)."""
+        self._write_group(db, deletes, rows, ledger_rows)
+        writer = self._writer
+        if writer is None:
+            return
+        parts = [jf.encode_delete(lid) for lid in deletes]
+        parts.extend(jf.encode_ledger(row) for row in ledger_rows)
+        jf.encode_adds_into(parts, rows)
+        if parts:
+            writer.append(b"".join(parts))
+
     def _schedule_flush(self) -> None:
         if self._closing:
             return
         if self._items:
             if self._flush_handle is None:
-                self._flush_handle = self._loop.call_soon(self._flush)
+                self._flush_handle = self._schedule_group()
         elif self._vacuum_wanted and self._journal_task is None:
             self._start_vacuum_step()
 
@@ -161,7 +219,7 @@ class GroupCommitJournal:
         if prepared is None:
             return
         try:
-            await self._loop.run_in_executor(self._journal, self._write_group, self._wdb, *prepared[:3])
+            await self._loop.run_in_executor(self._journal, self._commit_group, self._wdb, *prepared[:3])
         except Exception as exc:
             self._fail_group(group, exc)
         else:
@@ -237,6 +295,7 @@ class GroupCommitJournal:
         """Resolve the futures of a committed group."""
         self.commits += 1
         self.committed_entries += prepared[4]
+        self._journal_grew()
         if prepared[0] and self._incremental_vacuum:
             self._vacuum_wanted = True   # started by _schedule_flush once nothing is queued
         for item, outcome in zip(group, prepared[3]):

@@ -29,7 +29,7 @@ import sqlite3
 from bookie.ledger_records import _Ledger
 
 __all__ = ["DB_FILE_NAME", "PAGE_SIZE_BYTES", "VACUUM_STEP_PAGES", "init_schema", "migrate", "write_group",
-           "vacuum_step", "load_ledgers", "last_stored_entry", "fetch_possible_duplicates"]
+           "vacuum_step", "load_ledgers", "last_stored_entry", "fetch_possible_duplicates", "apply_journal_records"]
 
 log = logging.getLogger("bookie.storage")   # the storage's logger, as before this module was split off
 
@@ -124,6 +124,41 @@ def write_group(db: sqlite3.Connection, deletes: list, rows: list, ledger_rows: 
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+
+
+_REPLAY_ENTRY = "INSERT OR IGNORE INTO entries (ledger_id, entry_id, payload, crc) VALUES (?, ?, ?, ?)"
+REPLAY_BATCH_RECORDS = 20_000
+
+
+def apply_journal_records(db: sqlite3.Connection, records) -> int:
+    """Apply journal records (start-up replay, :func:`bookie.checkpoint.replay`) in order,
+    idempotently: ``("add", ledger id, entry id, payload, crc or None)`` inserts the
+    entry unless it is already stored (entries are immutable); ``("ledger", row)`` sets
+    the ledger's row; ``("delete", ledger id)`` deletes its entries and row. Commits every
+    ``REPLAY_BATCH_RECORDS`` records (not synced). Returns how many records were applied.
+    Raises ``sqlite3.Error`` (rolled back to the last batch; replaying again is safe)."""
+    n = 0
+    db.execute("BEGIN")
+    try:
+        for record in records:
+            kind = record[0]
+            if kind == "add":
+                db.execute(_REPLAY_ENTRY, record[1:])
+            elif kind == "ledger":
+                db.execute(_UPSERT_LEDGER, record[1])
+            else:
+                db.execute("DELETE FROM entries WHERE ledger_id = ?", (record[1],))
+                db.execute("DELETE FROM ledgers WHERE ledger_id = ?", (record[1],))
+            n += 1
+            if n % REPLAY_BATCH_RECORDS == 0:
+                db.execute("COMMIT")
+                db.execute("BEGIN")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return n
 
 
 def vacuum_step(db: sqlite3.Connection, pages: int) -> bool:

@@ -79,6 +79,20 @@ class BookieConfig:
         subjects); every other role gets PERMISSION_DENIED on every RPC; required when
         authentication_enabled (BookKeeper's BookieAuthZFactory ``authorizedRoles``;
         see bookie.authorization).
+    journal_directory: directory of the journal files (BookKeeper's journalDirectories;
+        "" = ``<data_dir>/journal``); may sit on its own disk.
+    journal_max_size_mb: a journal file is rolled when a group would take it past this
+        size (MiB; journalMaxSizeMB). Each checkpoint also rolls it.
+    journal_pre_alloc_size_mb: journal files grow in preallocated chunks of this size
+        (MiB; journalPreAllocSizeMB; at most 2 % of the journal's filesystem).
+    journal_max_group_wait_ms: under load, at most one group commit (one journal write
+        and fdatasync) per this many ms; a lone add is written at once
+        (journalMaxGroupWaitMSec; default 0: each group is what queued while the previous
+        one was written, as BookKeeper's journalFlushWhenQueueEmpty).
+    journal_buffered_writes_threshold: payload bytes queued that start the next group at
+        once (journalBufferedWritesThreshold).
+    flush_interval_ms: checkpoint period (flushInterval): ledger storage is synced, the
+        journal mark persisted and the journal files behind it deleted (bookie.checkpoint).
     tls_enabled: serve TLS only (BookKeeper's tlsProvider), with
         tls_certificate_file_path / tls_key_file_path (PEM; BookKeeper's
         tlsCertificatePath / tlsKeyStore). tls_trust_certs_file_path: the CA of
@@ -105,6 +119,12 @@ class BookieConfig:
     token_secret_key: str = ""
     token_public_key: str = ""
     authorized_roles: list = dataclasses.field(default_factory=list)
+    journal_directory: str = ""
+    journal_max_size_mb: int = st.DEFAULT_JOURNAL_MAX_SIZE_MB
+    journal_pre_alloc_size_mb: int = st.DEFAULT_JOURNAL_PRE_ALLOC_SIZE_MB
+    journal_max_group_wait_ms: float = st.DEFAULT_JOURNAL_MAX_GROUP_WAIT_MS
+    journal_buffered_writes_threshold: int = st.DEFAULT_JOURNAL_BUFFERED_WRITES_THRESHOLD
+    flush_interval_ms: int = st.DEFAULT_FLUSH_INTERVAL_MS
     tls_enabled: bool = False
     tls_certificate_file_path: str = ""
     tls_key_file_path: str = ""
@@ -460,7 +480,13 @@ class BookieServer:
         self.format = format
         self.create_cookie = create_cookie
         self.storage = st.LedgerStorage(config.data_dir, journal_sync=config.journal_sync,
-                                        max_db_size_bytes=config.max_db_size_bytes)
+                                        max_db_size_bytes=config.max_db_size_bytes,
+                                        journal_dir=config.journal_directory or None,
+                                        journal_max_size_mb=config.journal_max_size_mb,
+                                        journal_pre_alloc_size_mb=config.journal_pre_alloc_size_mb,
+                                        journal_max_group_wait_ms=config.journal_max_group_wait_ms,
+                                        journal_buffered_writes_threshold=config.journal_buffered_writes_threshold,
+                                        flush_interval_ms=config.flush_interval_ms)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._servicer: BookieServicer | None = None

@@ -161,6 +161,19 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+def write_bytes(pid: int) -> int | None:
+    """Bytes ``pid`` caused to be written to the storage layer (``write_bytes`` of
+    ``/proc/<pid>/io``; counted when a page is dirtied), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def bookie_pids(data_dir: Path) -> list[int]:
     """The bookie processes whose command line names a dir under ``data_dir``."""
     out = []
@@ -302,6 +315,7 @@ def soak_once(args, run: int) -> dict:
             sample = {"t": round(time.monotonic() - t0, 1), "broker": rss_mb(sa.pid), "perf": rss_mb(perf.pid)}
             for i, pid in enumerate(sa.bookies):
                 sample[f"bookie-{i}"] = rss_mb(pid)
+                sample[f"wbytes-{i}"] = write_bytes(pid)
             rss.append(sample)
             probe = sa.probe_lines()[-1] if sa.probe_lines() else {}
             g2 = probe.get("gc", {}).get("2", {})
@@ -318,14 +332,35 @@ def soak_once(args, run: int) -> dict:
         probes = sa.probe_lines()[probe_offset:]
     finally:
         sa.stop()
+    amplification = bookie_write_amplification(rss, args.rate * args.size)
+    if amplification:
+        progress(f"run {run}: bookie bytes written to disk per payload byte: "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in amplification.items()))
     result = {"run": run, "repo": str(repo), "rate": args.rate, "size": args.size, "duration_s": args.duration,
               "sample_s": args.sample, "journal_sync": args.journal_sync, "rss_mb": rss, "probe": probes,
               "latency": latency,
               "perf_summary": {k: perf_summary.get(k) for k in ("publish", "consume", "not_received")},
-              "summary": summarize(rss, probes, latency, args.sample)}
+              "summary": {**summarize(rss, probes, latency, args.sample),
+                          **{f"{k}_write_bytes_per_payload_byte": round(v, 2) for k, v in amplification.items()}}}
     if stall_dir is not None:
         result["stalls"] = report_stalls(run, stall_dir, perf_started, args.latency_interval, latency)
     return result
+
+
+def bookie_write_amplification(samples: list[dict], payload_bytes_per_s: float) -> dict[str, float]:
+    """{"bookie-<i>": bytes written to the disk per payload byte} between the first and
+    the last sample (``write_bytes`` of /proc/<pid>/io over the payload offered at the
+    run's rate: each bookie stores every message once with E=Qw=2), {} without two samples."""
+    out = {}
+    if len(samples) < 2 or payload_bytes_per_s <= 0:
+        return out
+    first, last = samples[0], samples[-1]
+    seconds = last["t"] - first["t"]
+    for key in sorted(k for k in last if k.startswith("wbytes-")):
+        if first.get(key) is None or last.get(key) is None or seconds <= 0:
+            continue
+        out["bookie-" + key.split("-", 1)[1]] = (last[key] - first[key]) / (payload_bytes_per_s * seconds)
+    return out
 
 
 def report_stalls(run: int, stall_dir: Path, start: float, interval_s: float, latency: list[dict]) -> dict:

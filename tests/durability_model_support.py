@@ -47,6 +47,7 @@ import concurrent.futures
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import threading
@@ -284,7 +285,9 @@ class Cluster:
         proc = self.bookies[i]
         proc.kill()
         for path in self.bookie_dir(i).iterdir():
-            if not path.name.endswith(".log"):
+            if path.is_dir():           # the journal directory (bookie.journal_file)
+                shutil.rmtree(path)
+            elif not path.name.endswith(".log"):
                 path.unlink()
         port = self.bookie_ports[i]
         self.bookies[i] = _retry_start(lambda: start_bookie(self.bookie_dir(i), extra_args=(
